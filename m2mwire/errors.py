@@ -1,0 +1,114 @@
+"""The one exception hierarchy of m2mwire.
+
+Every error the library raises on purpose derives from :class:`M2MError`, so callers can catch
+one class. Messages say what was wrong, where, and (when there is something to do) what to do.
+
+    M2MError
+    +-- DecodeError            malformed wire input (bad prefix, base64, varint, JSON, frame, ...)
+    |   +-- ChecksumMismatch   a CRC or integrity check failed
+    +-- EncodeError            content that the chosen algorithm cannot encode
+    +-- LimitExceeded          a size/depth/count limit was hit (input or decompressed output)
+    +-- TokenizerUnavailable   a tokenizer's data file is missing or corrupt
+    +-- ProtocolError          a session peer broke the protocol (carries a code)
+    +-- SessionRejected        the peer answered HELLO with REJECT (carries the REJECT code)
+    +-- SessionClosed          the session is closed (carries code and reason)
+    +-- SessionTimeout         a session timer expired (handshake, PONG, CLOSE, idle)
+    +-- ModeError              e.g. an AVP frame sent on a session negotiated to JSON mode
+    +-- TransportError         the underlying WebSocket/QUIC connection failed
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ChecksumMismatch",
+    "DecodeError",
+    "EncodeError",
+    "LimitExceeded",
+    "M2MError",
+    "ModeError",
+    "ProtocolError",
+    "SessionClosed",
+    "SessionRejected",
+    "SessionTimeout",
+    "TokenizerUnavailable",
+    "TransportError",
+]
+
+
+class M2MError(Exception):
+    """Base class of every error raised by m2mwire."""
+
+
+class DecodeError(M2MError):
+    """Wire input could not be decoded. Nothing partially decoded is ever returned."""
+
+
+class ChecksumMismatch(DecodeError):
+    """An integrity check (e.g. the AVP payload CRC-32) did not match."""
+
+
+class EncodeError(M2MError):
+    """The content cannot be encoded with the requested algorithm or options."""
+
+
+class LimitExceeded(M2MError):
+    """A configured limit (message size, JSON depth, string length, array length, output size) was hit."""
+
+    def __init__(self, message: str, *, limit: int | None = None, actual: int | None = None) -> None:
+        super().__init__(message)
+        self.limit = limit
+        self.actual = actual
+
+
+class TokenizerUnavailable(M2MError):
+    """A tokenizer's rank file is missing or does not match its pinned SHA-256."""
+
+
+class ProtocolError(M2MError):
+    """The peer sent something the session protocol does not allow.
+
+    ``code`` is a stable machine-readable string (e.g. ``"DATA_BEFORE_ACCEPT"``, ``"MALFORMED_MESSAGE"``).
+    """
+
+    def __init__(self, message: str, *, code: str = "PROTOCOL_ERROR") -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class SessionRejected(M2MError):
+    """The server answered HELLO with REJECT."""
+
+    def __init__(self, message: str, *, code: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class SessionClosed(M2MError):
+    """The session is closed; ``code`` and ``reason`` say why."""
+
+    def __init__(self, message: str, *, code: str = "CLOSED", reason: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+
+
+class SessionTimeout(M2MError):
+    """A session timer expired (HELLO not answered, PONGs missed, CLOSE not acknowledged, idle)."""
+
+
+class ModeError(M2MError):
+    """The operation does not fit the negotiated communication mode."""
+
+
+class TransportError(M2MError):
+    """The WebSocket or QUIC channel failed or was closed underneath the session.
+
+    ``code`` is the transport's close code when there is one (a WebSocket close code, or a QUIC
+    application error code); ``clean`` is True when the peer closed the channel in an orderly way.
+    """
+
+    def __init__(self, message: str, *, code: int | None = None, reason: str = "", clean: bool = False) -> None:
+        super().__init__(message)
+        self.code = code
+        self.reason = reason
+        self.clean = clean

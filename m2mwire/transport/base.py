@@ -1,0 +1,57 @@
+"""The contract between the session layer and a transport.
+
+A transport only moves whole messages of two kinds: text (``str``, carrying JSON envelopes) and
+binary (``bytes``, carrying TokenNative binary and AVP frames). It knows nothing about sessions.
+Each transport (WebSocket, QUIC) provides a :class:`Channel` per session.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+__all__ = ["Buffer", "Channel", "Message", "OutgoingMessage"]
+
+Buffer = bytes | bytearray | memoryview
+Message = str | bytes
+# A binary message may be handed over as a list of buffers (e.g. header, metadata, tensor view) so
+# the sender never concatenates large payloads; the receiver always gets one ``bytes``.
+OutgoingMessage = str | Buffer | Sequence[Buffer]
+
+
+@runtime_checkable
+class Channel(Protocol):
+    """One ordered, reliable, bidirectional message channel for one session."""
+
+    @property
+    def max_message_size(self) -> int:
+        """Largest incoming message accepted, in bytes; larger ones fail the channel."""
+        ...
+
+    def set_max_message_size(self, size: int) -> None:
+        """Change the incoming limit (the session sets it from the negotiated max_payload)."""
+        ...
+
+    @property
+    def remote_address(self) -> str:
+        """Printable peer address, for logs."""
+        ...
+
+    async def send(self, message: OutgoingMessage) -> None:
+        """Send one message. Waits while the peer or the network is slow (backpressure).
+
+        Raises :class:`m2mwire.errors.TransportError` when the channel is closed.
+        """
+        ...
+
+    async def recv(self) -> Message:
+        """Receive the next message, in order.
+
+        Raises :class:`m2mwire.errors.TransportError` when the channel is closed (``clean=True`` for
+        an orderly close by the peer).
+        """
+        ...
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        """Close the channel (idempotent). Other channels of the same connection are unaffected."""
+        ...
