@@ -1,0 +1,748 @@
+"""AVP frame codec: byte-exact vectors, round trips, zero copy, and every strictness decision."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import pickle
+import struct
+import zlib
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+import zstandard
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from m2mwire import avp
+from m2mwire.codecs import avp as codec
+from m2mwire.codecs.limits import Limits
+from m2mwire.errors import ChecksumMismatch, DecodeError, EncodeError, LimitExceeded
+from m2mwire.schemas import avp_pb2
+
+# Byte-exact vectors (avp-reference.md section 2).
+SPEC_V1 = bytes.fromhex(
+    "415601002a0000001a00000012076167656e742d61220a746573742d6d6f64656c28044a0104"
+    "cdcccc3dcdcc4c3e9a99993ecdcccc3e"
+)
+SPEC_V2 = bytes.fromhex("415601000d0000000500000028024a01020000803f00000040")
+SDK_V1 = bytes.fromhex(
+    "41560100300000002000000012076167656e742d61220a746573742d6d6f64656c28044a010478c4d3a29c0a"
+    "cdcccc3dcdcc4c3e9a99993ecdcccc3e"
+)
+SDK_V2 = bytes.fromhex("41560100130000000b00000028024a010278f6cafef1020000803f00000040")
+SDK_V2_ZSTD = bytes.fromhex(
+    "41560101220000001100000028024a01025a047a73746478f6cafef10228b52ffd20084100000000803f00000040"
+)
+SDK_KV_MAP_ZSTD = bytes.fromhex(
+    "415601073900000028000000380140015a047a7374646a16766f6361623a61626364656631323334353637383930"
+    "78e9be8ba90628b52ffd20084100000000000000000000"
+)
+SDK_ALL_FIELDS = bytes.fromhex(
+    "415601062f0000002d0000000a0273311201611a016222016d28083002380140024a0301020350016a0178"
+    "72060a016b120176789285b1b60b0102"
+)
+SDK_EMPTY = bytes.fromhex("4156010002000000020000007800")
+
+V1_VALUES = np.array([0.1, 0.2, 0.3, 0.4], dtype=np.float32)
+
+
+def frame(flags: int, meta: bytes, body: bytes, *, payload_length: int | None = None) -> bytes:
+    """A hand-made frame (header fields can lie)."""
+    plen = len(meta) + len(body) if payload_length is None else payload_length
+    return struct.pack("<2sBBII", b"AV", 1, flags, plen, len(meta)) + meta + body
+
+
+def meta_bytes(**fields: Any) -> bytes:
+    data: bytes = avp_pb2.Metadata(**fields).SerializeToString(deterministic=True)
+    return data
+
+
+# --------------------------------------------------------------------------------------------------
+# Byte-exact encoding
+
+
+def test_encode_v1_matches_sdk_bytes() -> None:
+    out = avp.encode(V1_VALUES, source_agent_id="agent-a", model_id="test-model", hidden_dim=4)
+    assert out == SDK_V1
+
+
+def test_encode_v2_with_metadata_object() -> None:
+    md = avp.AVPMetadata(hidden_dim=2, tensor_shape=(2,))
+    assert avp.encode(np.array([1.0, 2.0], dtype=np.float32).tobytes(), md) == SDK_V2
+    assert avp.encode_hidden_state(np.array([1.0, 2.0], dtype=np.float32)) == SDK_V2
+
+
+@pytest.mark.parametrize("level", [True, 1, 3, 19])
+def test_encode_v2_zstd_matches_sdk_bytes(level: bool | int) -> None:
+    assert avp.encode_hidden_state(np.array([1.0, 2.0], dtype=np.float32), compress=level) == SDK_V2_ZSTD
+
+
+def test_encode_kv_map_zstd_matches_sdk_bytes() -> None:
+    out = avp.encode(
+        bytes(8), payload_type="KV_CACHE", dtype="float16", avp_map_id="vocab:abcdef1234567890", compress=1
+    )
+    assert out == SDK_KV_MAP_ZSTD
+    assert out[3] == 0x07
+
+
+def test_encode_all_fields_matches_sdk_bytes() -> None:
+    md = avp.AVPMetadata(
+        session_id="s1",
+        source_agent_id="a",
+        target_agent_id="b",
+        model_id="m",
+        hidden_dim=8,
+        num_layers=2,
+        payload_type=avp.PayloadType.KV_CACHE,
+        dtype=avp.DataType.BFLOAT16,
+        tensor_shape=(1, 2, 3),
+        mode=avp.CommunicationMode.JSON,
+        avp_map_id="x",
+        extra={"k": "v"},
+    )
+    assert avp.encode(b"\x01\x02", md) == SDK_ALL_FIELDS
+
+
+def test_encode_empty_payload_writes_checksum_zero() -> None:
+    assert avp.encode(b"") == SDK_EMPTY
+    assert avp.encode_parts(b"") == [SDK_EMPTY]
+
+
+def test_metadata_object_fields_ignored_by_encoder() -> None:
+    """compression and payload_checksum describe a received frame; the encoder writes its own."""
+    md = avp.AVPMetadata(hidden_dim=2, tensor_shape=(2,), compression="zstd", payload_checksum=7)
+    assert avp.encode(np.array([1.0, 2.0], dtype=np.float32), md) == SDK_V2
+
+
+def test_keyword_fields_override_metadata_object() -> None:
+    md = avp.AVPMetadata(model_id="old", hidden_dim=4)
+    msg = avp.decode(avp.encode(V1_VALUES, md, model_id="test-model", source_agent_id="agent-a"))
+    assert msg.metadata.model_id == "test-model"
+    assert msg.metadata.hidden_dim == 4
+    assert msg.raw.tobytes() == SDK_V1
+
+
+# --------------------------------------------------------------------------------------------------
+# Decoding the vectors
+
+
+def test_decode_spec_vectors_without_checksum() -> None:
+    msg = avp.decode(SPEC_V1)
+    assert msg.metadata.source_agent_id == "agent-a"
+    assert msg.metadata.model_id == "test-model"
+    assert msg.metadata.payload_checksum is None
+    np.testing.assert_array_equal(msg.tensor(), V1_VALUES)
+    np.testing.assert_array_equal(avp.decode(SPEC_V2).tensor(), [1.0, 2.0])
+
+
+@pytest.mark.parametrize("data", [SDK_V1, SDK_V2, SDK_V2_ZSTD, SDK_KV_MAP_ZSTD, SDK_ALL_FIELDS, SDK_EMPTY])
+def test_decode_sdk_vectors_and_reencode(data: bytes) -> None:
+    msg = avp.decode(data)
+    md = msg.metadata
+    assert md.payload_checksum == zlib.crc32(msg.payload)
+    level = 1 if msg.header.compressed else False
+    assert avp.encode(msg.payload, md, compress=level) == data
+
+
+def test_decode_all_fields_metadata() -> None:
+    md = avp.decode(SDK_ALL_FIELDS).metadata
+    assert md == avp.AVPMetadata(
+        session_id="s1",
+        source_agent_id="a",
+        target_agent_id="b",
+        model_id="m",
+        hidden_dim=8,
+        num_layers=2,
+        payload_type=avp.PayloadType.KV_CACHE,
+        dtype=avp.DataType.BFLOAT16,
+        tensor_shape=(1, 2, 3),
+        mode=avp.CommunicationMode.JSON,
+        avp_map_id="x",
+        extra={"k": "v"},
+        payload_checksum=zlib.crc32(b"\x01\x02"),
+    )
+    header = avp.decode(SDK_ALL_FIELDS).header
+    assert (header.compressed, header.has_map, header.is_kv_cache) == (False, True, True)
+    assert header.frame_length == len(SDK_ALL_FIELDS)
+
+
+def test_decode_compressed_sets_compression_field() -> None:
+    msg = avp.decode(SDK_V2_ZSTD)
+    assert msg.metadata.compression == "zstd"
+    assert msg.header.compressed
+    np.testing.assert_array_equal(msg.tensor(), [1.0, 2.0])
+
+
+# --------------------------------------------------------------------------------------------------
+# Round trips and dtypes
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
+@pytest.mark.parametrize("compress", [False, True])
+@pytest.mark.parametrize("shape", [(7,), (2, 3, 4), (0,), (1, 4096)])
+def test_round_trip_numpy(dtype: str, compress: bool, shape: tuple[int, ...]) -> None:
+    rng = np.random.default_rng(1)
+    arr = (rng.standard_normal(shape) * 50).astype(dtype)
+    msg = avp.decode(avp.encode_hidden_state(arr, model_id="m", compress=compress))
+    assert msg.metadata.dtype is avp.DataType.parse(dtype)
+    assert msg.metadata.tensor_shape == shape
+    assert msg.metadata.hidden_dim == shape[-1]
+    out = msg.tensor()
+    assert out.dtype == np.dtype(dtype)
+    np.testing.assert_array_equal(out, arr)
+    np.testing.assert_array_equal(msg.to_float32(), arr.astype(np.float32))
+
+
+def test_bfloat16_as_uint16_words() -> None:
+    values = np.array([1.0, -2.5, 3.140625, 0.0, np.inf], dtype=np.float32)
+    words = avp.float32_to_bfloat16(values)
+    with pytest.raises(EncodeError, match="bfloat16"):
+        avp.encode(words)
+    msg = avp.decode(avp.encode(words, dtype="bfloat16"))
+    assert msg.metadata.dtype is avp.DataType.BFLOAT16
+    assert msg.tensor().dtype == np.dtype("<u2")
+    np.testing.assert_array_equal(msg.tensor(), words)
+    np.testing.assert_array_equal(msg.to_float32(), values)
+
+
+def test_dtype_named_bfloat16_is_taken_without_asking() -> None:
+    """ml_dtypes (not a dependency) names its dtype "bfloat16"; only kind, itemsize and name are read."""
+
+    class Dtype:
+        kind, itemsize, name = "V", 2, "bfloat16"
+
+    class Array:
+        dtype = Dtype()
+
+    assert codec._array_dtype(Array(), None) is avp.DataType.BFLOAT16  # type: ignore[arg-type]
+
+
+def test_float32_to_bfloat16_rounding() -> None:
+    bits = np.array(
+        [0x3F800000, 0x3F808000, 0x3F818000, 0x3F808001, 0x7F7FFFFF, 0x7FC00001, 0xFF800000, 0x00000001],
+        dtype=np.uint32,
+    )
+    words = avp.float32_to_bfloat16(bits.view(np.float32))
+    # exact, tie to even (down), tie to even (up), above tie, overflow to inf, NaN stays NaN, -inf, tiny
+    assert words.tolist() == [0x3F80, 0x3F80, 0x3F82, 0x3F81, 0x7F80, 0x7FC0, 0xFF80, 0x0000]
+    assert np.isnan(avp.bfloat16_to_float32(words)[5])
+
+
+def test_big_endian_and_non_contiguous_arrays_are_converted() -> None:
+    arr = np.arange(12, dtype=">f4").reshape(3, 4)
+    msg = avp.decode(avp.encode(arr))
+    np.testing.assert_array_equal(msg.tensor(), arr)
+    assert msg.raw.tobytes() == avp.encode(arr.astype("<f4"))
+    t = np.arange(12, dtype=np.float32).reshape(3, 4).T
+    np.testing.assert_array_equal(avp.decode(avp.encode(t)).tensor(), t)
+
+
+def test_explicit_tensor_shape_must_match_size() -> None:
+    arr = np.zeros(12, dtype=np.float32)
+    assert avp.decode(avp.encode(arr, tensor_shape=[3, 4])).tensor().shape == (3, 4)
+    with pytest.raises(EncodeError, match="tensor_shape"):
+        avp.encode(arr, tensor_shape=[5])
+    with pytest.raises(EncodeError, match="tensor_shape"):
+        avp.encode(b"\x00" * 6, tensor_shape=[2])
+
+
+@pytest.mark.parametrize(
+    ("payload", "kwargs", "exc"),
+    [
+        (np.zeros(3, dtype=np.float64), {}, EncodeError),
+        (np.zeros(3, dtype=np.int32), {}, EncodeError),
+        (np.zeros(3, dtype=np.float16), {"dtype": "float32"}, EncodeError),
+        (np.zeros(3, dtype=np.float32), {"payload_type": "KV_CACHE", "tensor_shape": (1,)}, None),
+        (b"", {"extra": {"k": 1}}, EncodeError),
+        (b"", {"hidden_dim": -1}, EncodeError),
+        (b"", {"num_layers": 2**32}, EncodeError),
+        (b"", {"dtype": "float64"}, EncodeError),
+        (b"", {"mode": "HYBRID"}, EncodeError),
+        ("text", {}, TypeError),
+    ],
+)
+def test_encode_rejects(payload: Any, kwargs: dict[str, Any], exc: type[Exception] | None) -> None:
+    if exc is None:  # a KV payload given as an array is opaque bytes: the shape is not checked
+        avp.encode(payload, **kwargs)
+        return
+    with pytest.raises(exc):
+        avp.encode(payload, **kwargs)
+
+
+def test_encode_rejects_bad_zstd_level() -> None:
+    with pytest.raises(EncodeError, match="zstd"):
+        avp.encode(b"abc", compress=99)
+
+
+def test_metadata_normalises_spellings() -> None:
+    md = avp.AVPMetadata(payload_type=1, dtype="bf16", mode="JSON_MODE", tensor_shape=[2, 3])  # type: ignore[arg-type]
+    assert md.payload_type is avp.PayloadType.KV_CACHE
+    assert md.dtype is avp.DataType.BFLOAT16
+    assert md.mode is avp.CommunicationMode.JSON
+    assert md.tensor_shape == (2, 3)
+    with pytest.raises(TypeError):
+        md.extra["x"] = "y"  # type: ignore[index]
+
+
+def test_metadata_pickles_and_copies() -> None:
+    md = avp.decode(SDK_ALL_FIELDS).metadata
+    assert pickle.loads(pickle.dumps(md)) == md
+    assert copy.deepcopy(md) == md
+    assert copy.copy(md) == md
+    assert dataclasses.replace(md, model_id="n").extra == {"k": "v"}
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    session_id=st.text(max_size=20),
+    model_id=st.text(max_size=40),
+    hidden_dim=st.integers(0, 2**32 - 1),
+    num_layers=st.integers(0, 2**32 - 1),
+    payload_type=st.sampled_from(avp.PayloadType),
+    dtype=st.sampled_from(avp.DataType),
+    shape=st.lists(st.integers(0, 2**32 - 1), max_size=4),
+    mode=st.sampled_from([avp.CommunicationMode.LATENT, avp.CommunicationMode.JSON]),
+    map_id=st.text(max_size=20),
+    extra=st.dictionaries(st.text(max_size=8), st.text(max_size=8), max_size=4),
+    payload=st.binary(max_size=64),
+    compressed=st.booleans(),
+)
+def test_metadata_bytes_equal_protobuf_serialization(
+    session_id: str,
+    model_id: str,
+    hidden_dim: int,
+    num_layers: int,
+    payload_type: avp.PayloadType,
+    dtype: avp.DataType,
+    shape: list[int],
+    mode: avp.CommunicationMode,
+    map_id: str,
+    extra: dict[str, str],
+    payload: bytes,
+    compressed: bool,
+) -> None:
+    """The cached fields-1-14 prefix plus a hand-written field 15 equals protobuf's own bytes."""
+    md = avp.AVPMetadata(
+        session_id=session_id,
+        model_id=model_id,
+        hidden_dim=hidden_dim,
+        num_layers=num_layers,
+        payload_type=payload_type,
+        dtype=dtype,
+        tensor_shape=tuple(shape),
+        mode=mode,
+        avp_map_id=map_id,
+        extra=extra,
+    )
+    crc = zlib.crc32(payload)
+    fields: dict[str, Any] = dict(
+        session_id=session_id,
+        model_id=model_id,
+        hidden_dim=hidden_dim,
+        num_layers=num_layers,
+        payload_type=int(payload_type),
+        dtype=int(dtype),
+        tensor_shape=shape,
+        mode=int(mode),
+        avp_map_id=map_id,
+        extra=extra,
+        payload_checksum=crc,
+    )
+    if compressed:
+        fields["compression"] = "zstd"
+    expected = meta_bytes(**fields)
+    for _ in range(2):  # second time from the cache
+        assert bytes(codec._metadata_bytes(md, dtype, tuple(shape), compressed, crc)) == expected
+    # and a KV frame with opaque payload round-trips through decode
+    if payload_type is avp.PayloadType.KV_CACHE:
+        msg = avp.decode(avp.encode(payload, md, compress=compressed))
+        assert msg.metadata.extra == extra
+        assert msg.metadata.tensor_shape == tuple(shape)
+        assert msg.payload.tobytes() == payload
+
+
+# --------------------------------------------------------------------------------------------------
+# Zero copy
+
+
+def test_encode_parts_does_not_copy_the_tensor() -> None:
+    arr = np.arange(1024, dtype=np.float32)
+    parts = avp.encode_parts(arr, model_id="m")
+    assert len(parts) == 2
+    assert isinstance(parts[1], memoryview)
+    assert np.shares_memory(np.frombuffer(parts[1], dtype=np.uint8), arr)
+    assert b"".join(parts) == avp.encode(arr, model_id="m")
+
+
+def test_decode_payload_and_tensor_are_views_of_the_input() -> None:
+    arr = np.arange(1024, dtype=np.float16)
+    data = bytearray(avp.encode(arr))
+    msg = avp.decode(data)
+    assert msg.payload.obj is data
+    t = msg.tensor()
+    assert np.shares_memory(t, np.frombuffer(data, dtype=np.uint8))
+    assert t.flags.writeable  # a view of the caller's bytearray
+    assert not avp.decode(bytes(data)).tensor().flags.writeable
+
+
+@pytest.mark.parametrize("kind", ["bytes", "bytearray", "memoryview", "ndarray", "memoryview_f"])
+def test_decode_accepts_buffer_types(kind: str) -> None:
+    data = avp.encode(V1_VALUES)
+    source: Any = {
+        "bytes": data,
+        "bytearray": bytearray(data),
+        "memoryview": memoryview(data),
+        "ndarray": np.frombuffer(data, dtype=np.uint8),
+        "memoryview_f": memoryview(bytearray(data) + bytearray(2)).cast("B")[: len(data)],
+    }[kind]
+    np.testing.assert_array_equal(avp.decode(source).tensor(), V1_VALUES)
+
+
+def test_decode_rejects_str_and_strided_buffers() -> None:
+    with pytest.raises(TypeError):
+        avp.decode("AV")  # type: ignore[arg-type]
+    with pytest.raises(DecodeError, match="contiguous"):
+        avp.decode(memoryview(SDK_V1 + SDK_V1)[::2])
+    with pytest.raises(EncodeError, match="contiguous"):
+        avp.encode(memoryview(b"abcdef")[::2])
+
+
+# --------------------------------------------------------------------------------------------------
+# Malformed input the SDK rejects too (avp-reference 1.7)
+
+
+def _sdk_rejected() -> Iterator[tuple[str, bytes]]:
+    good = SDK_V1
+    yield "empty", b""
+    yield "short", good[:11]
+    yield "bad magic", b"XY" + good[2:]
+    yield "reversed magic", b"VA" + good[2:]
+    yield "version 0", good[:2] + b"\x00" + good[3:]
+    yield "version 2", good[:2] + b"\x02" + good[3:]
+    yield "truncated", good[:-1]
+    flipped = bytearray(good)
+    flipped[-1] ^= 0x01
+    yield "payload bit flip", bytes(flipped)
+    yield "dtype 4", frame(0, meta_bytes(dtype=4), b"")
+    yield "payload_type 2", frame(0, meta_bytes(payload_type=2), b"")
+    yield "mode 2", frame(0, meta_bytes(mode=2), b"")
+    yield "metadata longer than payload", struct.pack("<2sBBII", b"AV", 1, 0, 2, 30) + b"\x00" * 2
+    yield "garbage protobuf", frame(0, b"\xff\xff\xff\xff", b"")
+    yield "compressed flag on raw bytes", frame(1, meta_bytes(compression="zstd"), b"not zstd at all")
+    stream = zstandard.ZstdCompressor().compressobj()
+    unsized = stream.compress(b"abcd" * 10) + stream.flush()
+    yield "zstd frame without content size", frame(1, meta_bytes(compression="zstd"), unsized)
+
+
+SDK_REJECTED = list(_sdk_rejected())
+
+
+@pytest.mark.parametrize(("name", "data"), SDK_REJECTED, ids=[n for n, _ in SDK_REJECTED])
+def test_rejects_what_the_sdk_rejects(name: str, data: bytes) -> None:
+    with pytest.raises(DecodeError):
+        avp.decode(data)
+
+
+def test_checksum_mismatch_is_its_own_class() -> None:
+    data = bytearray(SDK_V1)
+    data[-1] ^= 0x80
+    with pytest.raises(ChecksumMismatch, match="checksum"):
+        avp.decode(data)
+
+
+def test_explicit_zero_checksum_is_verified() -> None:
+    assert avp.decode(frame(0, meta_bytes(payload_checksum=0), b"")).metadata.payload_checksum == 0
+    with pytest.raises(ChecksumMismatch):
+        avp.decode(frame(0, meta_bytes(payload_checksum=0), b"x"))
+
+
+def test_absent_checksum_is_not_verified() -> None:
+    assert avp.decode(frame(0, b"", b"anything")).payload.tobytes() == b"anything"
+
+
+def test_checksum_over_compressed_bytes_is_rejected() -> None:
+    packed = zstandard.ZstdCompressor().compress(b"hello" * 20)
+    meta = meta_bytes(compression="zstd", payload_checksum=zlib.crc32(packed))
+    with pytest.raises(ChecksumMismatch):
+        avp.decode(frame(1, meta, packed))
+
+
+def test_header_only_frame_is_all_defaults() -> None:
+    msg = avp.decode(frame(0, b"", b""))
+    assert msg.metadata == avp.AVPMetadata()
+    assert msg.tensor().size == 0
+
+
+def test_unknown_protobuf_fields_are_skipped() -> None:
+    old_confidence = b"\x65" + struct.pack("<f", 0.5)  # field 12 float (SDK 0.1/0.2)
+    field16 = b"\x80\x01\x05"
+    msg = avp.decode(frame(0, meta_bytes(model_id="m") + old_confidence + field16, b""))
+    assert msg.metadata.model_id == "m"
+
+
+# --------------------------------------------------------------------------------------------------
+# Where we are stricter than the SDK (each accepted by the SDK; see tests/interop)
+
+
+def test_trailing_bytes_rejected_unless_allowed() -> None:
+    data = SDK_V1 + b"junk!"
+    with pytest.raises(DecodeError, match="after its end"):
+        avp.decode(data)
+    msg = avp.decode(data, allow_trailing=True)
+    assert msg.raw.tobytes() == SDK_V1
+    assert avp.frame_length(data) == len(SDK_V1)
+    assert avp.frame_length(data[:12]) == len(SDK_V1)
+
+
+def test_two_frames_concatenated_split_with_frame_length() -> None:
+    data = SDK_V1 + SDK_V2
+    with pytest.raises(DecodeError):
+        avp.decode(data)
+    n = avp.frame_length(data)
+    assert avp.decode(data[:n]).raw.tobytes() == SDK_V1
+    assert avp.decode(memoryview(data)[n:]).raw.tobytes() == SDK_V2
+
+
+@pytest.mark.parametrize("bit", range(3, 8))
+def test_reserved_flag_bits_rejected(bit: int) -> None:
+    data = bytearray(SDK_V1)
+    data[3] |= 1 << bit
+    with pytest.raises(DecodeError, match="reserved"):
+        avp.decode(data)
+    with pytest.raises(DecodeError, match="reserved"):
+        avp.frame_length(data)
+
+
+def test_kv_flag_must_match_payload_type() -> None:
+    with pytest.raises(DecodeError, match="KV-cache flag"):
+        avp.decode(frame(0x04, meta_bytes(payload_checksum=0), b""))
+    with pytest.raises(DecodeError, match="KV-cache flag"):
+        avp.decode(frame(0x00, meta_bytes(payload_type=1, payload_checksum=0), b""))
+
+
+def test_has_map_flag_must_match_map_id() -> None:
+    with pytest.raises(DecodeError, match="has-map"):
+        avp.decode(frame(0x02, meta_bytes(payload_checksum=0), b""))
+    with pytest.raises(DecodeError, match="has-map"):
+        avp.decode(frame(0x00, meta_bytes(avp_map_id="vocab:x", payload_checksum=0), b""))
+
+
+def test_compression_field_must_match_flag() -> None:
+    with pytest.raises(DecodeError, match="compressed flag is clear"):
+        avp.decode(frame(0, meta_bytes(compression="zstd", payload_checksum=0), b""))
+    packed = zstandard.ZstdCompressor().compress(b"abc")
+    with pytest.raises(DecodeError, match="unsupported AVP compression"):
+        avp.decode(frame(1, meta_bytes(compression="lz4"), packed))
+    # Absent (old encoders) or empty-when-uncompressed are fine.
+    assert avp.decode(frame(1, b"", packed)).payload.tobytes() == b"abc"
+    assert avp.decode(frame(0, meta_bytes(compression=""), b"abc")).payload.tobytes() == b"abc"
+
+
+def test_metadata_length_over_payload_length_is_our_decode_error() -> None:
+    data = struct.pack("<2sBBII", b"AV", 1, 0, 4, 5) + b"\x00" * 4
+    with pytest.raises(DecodeError, match="metadata_length 5 is larger than payload_length 4"):
+        avp.decode(data)
+
+
+@pytest.mark.parametrize("tail", [b"x", None])
+def test_data_after_the_zstd_frame_rejected(tail: bytes | None) -> None:
+    cctx = zstandard.ZstdCompressor()
+    packed = cctx.compress(b"abcd" * 10)
+    body = packed + (tail if tail is not None else cctx.compress(b"more"))
+    meta = meta_bytes(compression="zstd", payload_checksum=zlib.crc32(b"abcd" * 10))
+    assert avp.decode(frame(1, meta, packed)).payload.tobytes() == b"abcd" * 10
+    with pytest.raises(DecodeError, match="zstd"):
+        avp.decode(frame(1, meta, body))
+
+
+def test_data_after_an_empty_zstd_frame_rejected() -> None:
+    empty = zstandard.ZstdCompressor().compress(b"")
+    meta = meta_bytes(compression="zstd", payload_checksum=0)
+    assert avp.decode(frame(1, meta, empty)).payload.tobytes() == b""
+    with pytest.raises(DecodeError, match="after its"):
+        avp.decode(frame(1, meta, empty + b"junk"))
+
+
+def test_hidden_state_size_must_match_shape() -> None:
+    meta = meta_bytes(tensor_shape=[3], payload_checksum=zlib.crc32(b"\x00" * 8))
+    with pytest.raises(DecodeError, match="tensor_shape"):
+        avp.decode(frame(0, meta, b"\x00" * 8))
+    huge = meta_bytes(tensor_shape=[2**32 - 1] * 50, payload_checksum=0)
+    with pytest.raises(DecodeError, match="more than 0 bytes"):
+        avp.decode(frame(0, huge, b""))
+    # KV frames: tensor_shape is not a payload shape (the SDK's all-fields vector has [1,2,3] on 2 bytes).
+    assert avp.decode(SDK_ALL_FIELDS).payload.tobytes() == b"\x01\x02"
+
+
+def test_tensor_on_odd_sized_payload_without_shape() -> None:
+    msg = avp.decode(frame(0, b"", b"abc"))
+    with pytest.raises(DecodeError, match="whole number"):
+        msg.tensor()
+
+
+def test_wrong_accessor_for_payload_type() -> None:
+    with pytest.raises(ValueError, match="kv_cache"):
+        avp.decode(SDK_ALL_FIELDS).tensor()
+    with pytest.raises(ValueError, match="tensor"):
+        avp.decode(SDK_V1).kv_cache()
+
+
+# --------------------------------------------------------------------------------------------------
+# Limits
+
+
+def test_decompressed_size_capped_before_allocation() -> None:
+    # A zstd frame header announcing 1 TiB (single segment, 8-byte content size) and nothing else.
+    bomb = b"\x28\xb5\x2f\xfd" + bytes([0xE0]) + struct.pack("<Q", 1 << 40)
+    assert zstandard.frame_content_size(bomb) == 1 << 40
+    with pytest.raises(LimitExceeded) as info:
+        avp.decode(frame(1, meta_bytes(compression="zstd"), bomb))
+    assert info.value.limit == avp.DEFAULT_MAX_OUTPUT_BYTES
+    data = avp.encode(bytes(4096), compress=True)
+    with pytest.raises(LimitExceeded):
+        avp.decode(data, max_output_bytes=4095)
+    assert len(avp.decode(data, max_output_bytes=4096).payload) == 4096
+
+
+def test_metadata_size_capped_by_limits() -> None:
+    data = avp.encode(b"", model_id="m" * 100)
+    with pytest.raises(LimitExceeded):
+        avp.decode(data, limits=Limits(max_message_bytes=50))
+    assert avp.decode(data, limits=Limits(max_message_bytes=200)).metadata.model_id == "m" * 100
+
+
+def test_encode_refuses_payload_length_over_u32(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(codec, "MAX_PAYLOAD_LENGTH", 10)
+    with pytest.raises(EncodeError, match="u32"):
+        avp.encode(b"0123456789")
+
+
+# --------------------------------------------------------------------------------------------------
+# CRC-32 helpers
+
+
+@settings(max_examples=200, deadline=None)
+@given(a=st.binary(max_size=300), b=st.binary(max_size=300))
+def test_crc32_combine(a: bytes, b: bytes) -> None:
+    assert codec.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3, 5])
+def test_parallel_crc_matches_zlib(threads: int) -> None:
+    rng = np.random.default_rng(threads)
+    chunks = [rng.bytes(n) for n in (17, 3 << 20, 1, 5 << 20, 777, 1 << 20)]
+    avp.set_checksum_threads(threads)
+    try:
+        assert avp.crc32(*chunks) == zlib.crc32(b"".join(chunks))
+        big = rng.bytes(9 << 20)
+        msg = avp.decode(avp.encode(big))
+        assert msg.metadata.payload_checksum == zlib.crc32(big)
+    finally:
+        avp.set_checksum_threads(None)
+    with pytest.raises(ValueError):
+        avp.set_checksum_threads(0)
+
+
+def test_multi_buffer_compression_is_one_sized_frame() -> None:
+    rng = np.random.default_rng(3)
+    chunks = [memoryview(rng.integers(0, 4, n, dtype=np.uint8).tobytes()) for n in (17, 300_000, 5, 70_000)]
+    total = sum(len(c) for c in chunks)
+    packed = b"".join(codec._compress(chunks, total, 3))
+    params = zstandard.get_frame_parameters(packed)
+    assert params.content_size == total
+    assert zstandard.ZstdDecompressor().decompress(packed, allow_extra_data=False) == b"".join(chunks)
+    assert packed == zstandard.ZstdCompressor(level=3).compress(b"".join(chunks))
+
+
+@pytest.fixture
+def restore_checksum_backend() -> Iterator[None]:
+    yield
+    avp.set_checksum_backend(None)
+    avp.set_checksum_threads(None)
+
+
+@pytest.mark.usefixtures("restore_checksum_backend")
+def test_checksum_backends_agree() -> None:
+    rng = np.random.default_rng(5)
+    chunks = [rng.bytes(n) for n in (5, 3 << 20, 100, (1 << 20) + 3)]
+    expected = zlib.crc32(b"".join(chunks))
+    avp.set_checksum_backend("zlib")
+    assert avp.checksum_backend() == "zlib"
+    assert avp.crc32(*chunks) == expected
+    if codec._load_libdeflate() is None:  # not installed here: asking for it fails clearly
+        with pytest.raises(ValueError, match="libdeflate"):
+            avp.set_checksum_backend("libdeflate")
+    else:
+        avp.set_checksum_backend("libdeflate")
+        assert avp.checksum_backend() == "libdeflate"
+        for threads in (1, 2):
+            avp.set_checksum_threads(threads)
+            assert avp.crc32(*chunks) == expected
+            data = avp.encode(b"".join(chunks))
+            assert avp.decode(data).metadata.payload_checksum == expected
+    with pytest.raises(ValueError, match="unknown checksum backend"):
+        avp.set_checksum_backend("crc32c")
+
+
+@pytest.mark.usefixtures("restore_checksum_backend")
+def test_environment_turns_libdeflate_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("M2MWIRE_AVP_CRC", "zlib")
+    avp.set_checksum_backend(None)
+    assert avp.checksum_backend() == "zlib"
+    big = bytes(range(256)) * 8192
+    assert avp.decode(avp.encode(big)).metadata.payload_checksum == zlib.crc32(big)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
+def test_fast_path_equals_general_path(dtype: str) -> None:
+    """encode(array, metadata) takes a shortcut; keyword overrides force the general path."""
+    arr = (np.random.default_rng(2).standard_normal((2, 64)) * 9).astype(dtype)
+    for md in (
+        avp.AVPMetadata(model_id="m", hidden_dim=64, extra={"a": "b"}),
+        avp.AVPMetadata(model_id="m", hidden_dim=64, tensor_shape=(128,), avp_map_id="vocab:1"),
+    ):
+        fast = avp.encode_parts(arr, md)
+        general = avp.encode_parts(arr, md, model_id="m")
+        assert b"".join(fast) == b"".join(general) == avp.encode(arr, md)
+        assert b"".join(avp.encode_hidden_state_parts(arr, md)) == b"".join(general)
+        assert avp.decode(avp.encode(arr, md)).tensor().tobytes() == arr.tobytes()
+
+
+def test_fast_path_declines_what_it_does_not_handle() -> None:
+    words = avp.float32_to_bfloat16(np.ones(4, dtype=np.float32))
+    md_bf16 = avp.AVPMetadata(dtype=avp.DataType.BFLOAT16)
+    assert avp.decode(avp.encode(words, md_bf16)).metadata.dtype is avp.DataType.BFLOAT16
+    strided = np.arange(16, dtype=np.float32)[::2]
+    np.testing.assert_array_equal(avp.decode(avp.encode(strided, avp.AVPMetadata())).tensor(), strided)
+    with pytest.raises(EncodeError, match="dtype=FLOAT16"):
+        avp.encode(np.ones(4, dtype=np.float32), avp.AVPMetadata(dtype=avp.DataType.FLOAT16))
+    with pytest.raises(EncodeError, match="tensor_shape"):
+        avp.encode(np.ones(4, dtype=np.float32), avp.AVPMetadata(tensor_shape=(5,)))
+
+
+@pytest.mark.usefixtures("restore_checksum_backend")
+@pytest.mark.parametrize("backend", ["zlib", "libdeflate"])
+@pytest.mark.parametrize("size", [0, 1, 8191, 8192, 16384, (1 << 20) + 3])
+def test_crc_of_every_buffer_kind(backend: str, size: int) -> None:
+    """The libdeflate path finds buffer addresses three ways; each must checksum the right bytes."""
+    if backend == "libdeflate" and codec._load_libdeflate(respect_env=False) is None:
+        with pytest.raises(ValueError):
+            avp.set_checksum_backend(backend)
+        return
+    avp.set_checksum_backend(backend)
+    data = np.random.default_rng(size).bytes(size + 7)
+    expected = zlib.crc32(data[7:])
+    ro = memoryview(data)[7:]
+    rw = memoryview(bytearray(data))[7:]
+    arr = np.frombuffer(data, dtype=np.uint8)[7:]  # read-only, not bytes
+    assert codec._crc_one(ro, data, 7) == expected  # read-only slice of bytes: c_char_p address
+    assert codec._crc_one(ro) == expected  # read-only without owner: numpy address
+    assert codec._crc_one(rw) == expected  # writable: c_char.from_buffer address
+    assert codec._crc_one(arr.data) == expected
+    assert codec._crc_seq([ro[:3], rw[3:], memoryview(b"")]) == expected
+    frame = avp.encode(data[7:], model_id="m")
+    for source in (frame, bytearray(frame), memoryview(b"xx" + frame)[2:]):
+        assert avp.decode(source).metadata.payload_checksum == expected
