@@ -1,5 +1,77 @@
-"""m2mwire: agent-to-agent sessions over WebSocket and QUIC with M2M wire formats and AVP latent frames."""
+"""m2mwire: agent-to-agent sessions over WebSocket and QUIC with M2M wire formats and AVP latent frames.
+
+    async with m2mwire.connect("ws://127.0.0.1:8765") as session:
+        await session.send({"model": "gpt-4o", "messages": [...]})
+        reply = await session.recv()
+
+Names are loaded on first use, so ``import m2mwire.codecs`` stays light.
+"""
 
 from __future__ import annotations
 
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+from m2mwire.errors import (
+    ChecksumMismatch,
+    DecodeError,
+    EncodeError,
+    LimitExceeded,
+    M2MError,
+    ModeError,
+    ProtocolError,
+    SessionClosed,
+    SessionRejected,
+    SessionTimeout,
+    TokenizerUnavailable,
+    TransportError,
+)
+
 __version__ = "0.1.0"
+
+_LAZY = {
+    "connect": "m2mwire.api",
+    "serve": "m2mwire.api",
+    "Session": "m2mwire.api",
+    "Server": "m2mwire.api",
+    "Message": "m2mwire.session.core",
+    "SessionInfo": "m2mwire.session.core",
+    "Timers": "m2mwire.session.config",
+    "ModelIdentity": "m2mwire.schemas.identity",
+    "compress": "m2mwire.codecs",
+    "decompress": "m2mwire.codecs",
+    "compress_binary": "m2mwire.codecs",
+    "decompress_binary": "m2mwire.codecs",
+}
+
+__all__ = [
+    "ChecksumMismatch",
+    "DecodeError",
+    "EncodeError",
+    "LimitExceeded",
+    "M2MError",
+    "ModeError",
+    "ProtocolError",
+    "SessionClosed",
+    "SessionRejected",
+    "SessionTimeout",
+    "TokenizerUnavailable",
+    "TransportError",
+    *_LAZY,
+]
+
+if TYPE_CHECKING:
+    from m2mwire.api import Server, Session, connect, serve  # noqa: F401
+    from m2mwire.codecs import compress, compress_binary, decompress, decompress_binary  # noqa: F401
+    from m2mwire.schemas.identity import ModelIdentity  # noqa: F401
+    from m2mwire.session.config import Timers  # noqa: F401
+    from m2mwire.session.core import Message, SessionInfo  # noqa: F401
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'm2mwire' has no attribute {name!r}")
+    value = getattr(import_module(module), name)
+    globals()[name] = value
+    return value

@@ -107,7 +107,9 @@ class TransportError(M2MError):
     application error code); ``clean`` is True when the peer closed the channel in an orderly way.
     """
 
-    def __init__(self, message: str, *, code: int | None = None, reason: str = "", clean: bool = False) -> None:
+    def __init__(
+        self, message: str, *, code: int | None = None, reason: str = "", clean: bool = False
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.reason = reason

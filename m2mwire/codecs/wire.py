@@ -109,7 +109,11 @@ def decode_wire(wire: str, *, limits: Limits = DEFAULT_LIMITS) -> Decoded:
     """Decode any M2M wire string; returns the content with the algorithm (and tokenizer) used."""
     if not isinstance(wire, str):
         raise DecodeError(f"a wire message is a str, not {type(wire).__name__}")
-    check_size("wire message", _utf8_size(wire), limits.max_message_bytes)
+    size = _utf8_size(wire)
+    check_size("wire message", size, limits.max_message_bytes)
+    if not wire.startswith("#"):  # fast path: no prefix at all, so NONE (the per-message hot case)
+        check_size("content", size, limits.max_output_bytes)
+        return Decoded(wire, Algorithm.NONE)
     algorithm = detect_algorithm(wire)
     if algorithm is Algorithm.TOKENNATIVE:
         encoding, _ = parse_tk_header(wire)

@@ -7,10 +7,12 @@ Each transport (WebSocket, QUIC) provides a :class:`Channel` per session.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
-__all__ = ["Buffer", "Channel", "Message", "OutgoingMessage"]
+from m2mwire.errors import TransportError
+
+__all__ = ["Buffer", "Channel", "Message", "OutgoingMessage", "PushChannel"]
 
 Buffer = bytes | bytearray | memoryview
 Message = str | bytes
@@ -55,3 +57,21 @@ class Channel(Protocol):
     async def close(self, code: int = 1000, reason: str = "") -> None:
         """Close the channel (idempotent). Other channels of the same connection are unaffected."""
         ...
+
+
+@runtime_checkable
+class PushChannel(Channel, Protocol):
+    """A channel that can hand received messages to a callback, saving a reader task.
+
+    ``start_push`` delivers every message, in order, including any received before the call;
+    ``on_lost`` is called once when the channel is gone. ``pause_reading``/``resume_reading``
+    stop and restart reading from the network (the session's backpressure).
+    """
+
+    def start_push(
+        self, on_message: Callable[[Message], None], on_lost: Callable[[TransportError], None]
+    ) -> None: ...
+
+    def pause_reading(self) -> None: ...
+
+    def resume_reading(self) -> None: ...

@@ -1,0 +1,250 @@
+"""Session over WebSocket vs a raw websockets echo, in one run (server in its own process).
+
+Prints round-trip p50/p99 for 100 B and 1 KB DATA (algorithm none), one-way throughput of 64 KiB
+binary frames (AVP frames on a latent session vs raw binary messages), and messages per second for
+1 KB chat payloads with TokenNative next to what tokenization alone allows.
+
+Goals (issue 4): p50 within 1.2x of raw, throughput at least 0.8x of raw.
+
+    .venv/bin/python benchmarks/bench_session_ws.py [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import statistics
+import time
+from typing import Any
+
+import numpy as np
+from websockets.asyncio.client import connect as ws_connect
+from websockets.asyncio.server import serve as ws_serve
+
+BIG = 64 * 1024 * 1024
+IDENTITY: dict[str, Any] = {
+    "model_family": "bench",
+    "model_id": "bench",
+    "model_hash": "0" * 64,
+    "hidden_dim": 16384,
+    "num_layers": 1,
+}
+
+
+# -- servers (run in a child process) ---------------------------------------------------------------
+
+
+async def _raw_server(port_q: Any) -> None:
+    async def handler(ws: Any) -> None:
+        count = 0
+        async for msg in ws:
+            if isinstance(msg, str) and msg.startswith("#done"):
+                await ws.send(str(count))
+                count = 0
+            elif isinstance(msg, bytes):
+                count += len(msg)
+            else:
+                await ws.send(msg)
+
+    async with ws_serve(handler, "127.0.0.1", 0, compression=None, max_size=BIG, ping_interval=None) as srv:
+        port_q.put(srv.sockets[0].getsockname()[1])
+        await asyncio.Future()
+
+
+async def _session_server(port_q: Any) -> None:
+    from m2mwire.api import Session, serve
+    from m2mwire.schemas.identity import ModelIdentity
+
+    async def handler(session: Session) -> None:
+        count = 0
+        async for message in session:
+            if message.kind == "avp":
+                count += message.wire_bytes
+            elif message.text == "#done":
+                await session.send(str(count), algorithm="none")
+                count = 0
+            elif message.algorithm == "tokennative":
+                count += 1
+            else:
+                await session.send(message.text or "", algorithm="none")
+
+    ident = ModelIdentity(**IDENTITY)
+    async with serve(handler, "ws://127.0.0.1:0", identity=ident, max_payload=BIG) as server:
+        port_q.put(server.port)
+        await asyncio.Future()
+
+
+def _serve(kind: str, port_q: Any) -> None:
+    asyncio.run(_raw_server(port_q) if kind == "raw" else _session_server(port_q))
+
+
+# -- client side ---------------------------------------------------------------------------------------
+
+
+def _pct(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))]
+
+
+async def _rtt_raw(port: int, size: int, n: int) -> list[float]:
+    payload = "x" * size
+    async with ws_connect(f"ws://127.0.0.1:{port}", compression=None, max_size=BIG, ping_interval=None) as ws:
+        out = []
+        for i in range(n + 100):
+            t = time.perf_counter()
+            await ws.send(payload)
+            await ws.recv()
+            if i >= 100:
+                out.append(time.perf_counter() - t)
+        return out
+
+
+async def _rtt_session(port: int, size: int, n: int) -> list[float]:
+    from m2mwire.api import connect
+
+    payload = "x" * size
+    async with connect(f"ws://127.0.0.1:{port}", algorithms=["none"]) as session:
+        out = []
+        for i in range(n + 100):
+            t = time.perf_counter()
+            await session.send(payload, algorithm="none")
+            await session.recv()
+            if i >= 100:
+                out.append(time.perf_counter() - t)
+        return out
+
+
+async def _tput_raw(port: int, frame: bytes, n: int) -> float:
+    async with ws_connect(f"ws://127.0.0.1:{port}", compression=None, max_size=BIG, ping_interval=None) as ws:
+        t = time.perf_counter()
+        for _ in range(n):
+            await ws.send(frame)
+        await ws.send("#done")
+        got = int(await ws.recv())
+        elapsed = time.perf_counter() - t
+        assert got == n * len(frame), (got, n * len(frame))
+        return got / elapsed
+
+
+async def _tput_session(port: int, frame: bytes, n: int) -> float:
+    from m2mwire.api import connect
+    from m2mwire.schemas.identity import ModelIdentity
+
+    async with connect(
+        f"ws://127.0.0.1:{port}", identity=ModelIdentity(**IDENTITY), max_payload=BIG, algorithms=["none"]
+    ) as session:
+        assert session.info.mode == "LATENT"
+        t = time.perf_counter()
+        for _ in range(n):
+            await session.send(frame)
+        await session.send("#done", algorithm="none")
+        got = int((await session.recv()).text or "0")
+        elapsed = time.perf_counter() - t
+        assert got == n * len(frame), (got, n * len(frame))
+        return got / elapsed
+
+
+async def _chat_session(port: int, payloads: list[str], n: int) -> float:
+    from m2mwire.api import connect
+
+    async with connect(f"ws://127.0.0.1:{port}", algorithms=["tokennative", "none"]) as session:
+        t = time.perf_counter()
+        for i in range(n):
+            await session.send(payloads[i % len(payloads)], algorithm="tokennative")
+        await session.send("#done", algorithm="none")
+        got = int((await session.recv()).text or "0")
+        assert got == n
+        return n / (time.perf_counter() - t)
+
+
+def _tokenize_only(payloads: list[str], n: int) -> tuple[float, float]:
+    """Messages/s of tiktoken encode alone and of encode+decode (the codec's floor on one core)."""
+    from m2mwire.codecs import Encoding, get_tokenizer
+
+    enc = get_tokenizer(Encoding.CL100K)
+    t = time.perf_counter()
+    ids = [enc.encode(payloads[i % len(payloads)], allowed_special="all") for i in range(n)]
+    t_enc = time.perf_counter() - t
+    t = time.perf_counter()
+    for toks in ids:
+        enc.decode_bytes(toks)
+    t_dec = time.perf_counter() - t
+    return n / t_enc, n / (t_enc + t_dec)
+
+
+def _start(kind: str) -> tuple[mp.Process, int]:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    proc = ctx.Process(target=_serve, args=(kind, q), daemon=True)
+    proc.start()
+    return proc, int(q.get(timeout=60))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rtt", type=int, default=1000)
+    args = parser.parse_args()
+
+    from m2mwire import avp
+    from m2mwire.samples import sample_payloads
+
+    raw_proc, raw_port = _start("raw")
+    ses_proc, ses_port = _start("session")
+    frame_raw = np.random.default_rng(1).bytes(64 * 1024)
+    frame_avp = avp.encode(np.frombuffer(frame_raw[: 64 * 1024 - 256], dtype=np.float32).copy())
+    chat = [p for _, p in sample_payloads() if p.startswith("{") and 700 <= len(p.encode()) <= 1400] or [
+        json.dumps({"messages": [{"role": "user", "content": "x" * 1000}]})
+    ]
+    results: dict[str, list[float]] = {}
+
+    def add(key: str, value: float) -> None:
+        results.setdefault(key, []).append(value)
+
+    async def round_() -> None:
+        # interleaved: every case gets one trial per round, so machine drift hits all alike
+        for size in (100, 1024):
+            raw = await _rtt_raw(raw_port, size, args.rtt)
+            ses = await _rtt_session(ses_port, size, args.rtt)
+            add(f"rtt{size}_raw_p50", _pct(raw, 0.5))
+            add(f"rtt{size}_raw_p99", _pct(raw, 0.99))
+            add(f"rtt{size}_ses_p50", _pct(ses, 0.5))
+            add(f"rtt{size}_ses_p99", _pct(ses, 0.99))
+        add("tput_raw", await _tput_raw(raw_port, frame_raw, 1500))
+        add("tput_ses", await _tput_session(ses_port, frame_avp, 1500))
+        add("chat_ses", await _chat_session(ses_port, chat, 3000))
+
+    try:
+        for _ in range(args.rounds):
+            asyncio.run(round_())
+    finally:
+        raw_proc.kill()
+        ses_proc.kill()
+    tok_enc, tok_encdec = _tokenize_only(chat, 3000)
+
+    med = {k: statistics.median(v) for k, v in results.items()}
+    print(
+        f"Session over WebSocket vs raw websockets ({args.rounds} interleaved rounds, medians; server in a child)"
+    )
+    print(f"{'case':34} {'raw':>12} {'session':>12} {'ratio':>8}  goal")
+    for size in (100, 1024):
+        for q in ("p50", "p99"):
+            r, s = med[f"rtt{size}_raw_{q}"] * 1e6, med[f"rtt{size}_ses_{q}"] * 1e6
+            goal = "<= 1.2x" if q == "p50" else ""
+            verdict = ("PASS" if s / r <= 1.2 else "MISS") if goal else ""
+            print(f"{f'RTT {size} B {q} (us)':34} {r:12.0f} {s:12.0f} {s / r:7.2f}x  {goal} {verdict}")
+    r, s = med["tput_raw"] / 1e6, med["tput_ses"] / 1e6
+    verdict = "PASS" if s / r >= 0.8 else "MISS"
+    print(f"{'64 KiB binary one-way (MB/s)':34} {r:12.0f} {s:12.0f} {s / r:7.2f}x  >= 0.8x {verdict}")
+    c = med["chat_ses"]
+    print(f"{'1 KB chat, TokenNative (msg/s)':34} {'':12} {c:12.0f}")
+    print(
+        f"{'  tiktoken encode alone (msg/s)':34} {tok_enc:12.0f} {'':12} {c / tok_enc:7.2f}x of the encode-only bound"
+    )
+    print(f"{'  tiktoken encode+decode (msg/s)':34} {tok_encdec:12.0f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,612 @@
+"""The asyncio shell around the sans-I/O session core: ``connect()``, ``serve()`` and ``Session``.
+
+The shell only moves messages between a transport channel and :class:`SessionProtocol`, runs the
+timers the protocol asks for, and hands received messages to the application through a bounded
+queue (when the application stops reading, we stop reading the channel, and the transport's flow
+control pushes back on the peer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl as ssl_module
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from m2mwire.codecs import Algorithm, resolve_algorithm
+from m2mwire.codecs.avp import AVPMessage
+from m2mwire.errors import EncodeError, M2MError, SessionClosed, TransportError
+from m2mwire.session.config import SessionConfig, make_config
+from m2mwire.session.core import (
+    Closed,
+    CloseTransport,
+    Established,
+    Message,
+    MessageReceived,
+    Role,
+    SendMessage,
+    SentInfo,
+    SessionInfo,
+    SessionProtocol,
+    State,
+    Stats,
+)
+from m2mwire.transport.base import Buffer, Channel, PushChannel
+
+__all__ = ["Server", "Session", "connect", "serve"]
+
+log = logging.getLogger("m2mwire.session")
+
+_TRANSPORT_OPTIONS = frozenset(
+    {
+        "ssl",
+        "cafile",
+        "cadata",
+        "fingerprint",
+        "insecure",
+        "server_name",
+        "certfile",
+        "keyfile",
+        "open_timeout",
+        "idle_timeout",
+    }
+)
+
+
+class Session:
+    """One established session: send and receive DATA, then close.
+
+    Obtain one from :func:`connect` (client) or as the argument of a :func:`serve` handler.
+    A reader task moves channel -> protocol -> inbox. ``send()`` writes its own message in the
+    caller's task (under a write lock, so output stays in protocol order); what the reader or the
+    timer makes the protocol say (PONG, CLOSE acknowledgements) is written by a writer task. The
+    reader never waits for a write, so a full-duplex exchange cannot deadlock on control messages.
+    """
+
+    def __init__(self, channel: Channel, protocol: SessionProtocol) -> None:
+        self._channel = channel
+        self._protocol = protocol
+        self._loop = asyncio.get_running_loop()
+        self._max_queue = max(1, protocol.config.max_queue)
+        self._inbox: deque[Message] = deque()
+        self._inbox_changed = asyncio.Event()
+        self._inbox_space = asyncio.Event()
+        self._established: asyncio.Future[SessionInfo] = self._loop.create_future()
+        self._closed = asyncio.Event()
+        self._transport_closed = False
+        self._tasks: list[asyncio.Task[None]] = []
+        self._write_lock = asyncio.Lock()
+        self._writer_wakeup = asyncio.Event()
+        self._timer_handle: asyncio.TimerHandle | None = None
+        self._timer_at: float | None = None
+        self._push = False  # messages arrive through _feed callbacks rather than a reader task
+        self._paused = False
+
+    # -- public API ------------------------------------------------------------------------------
+
+    @property
+    def info(self) -> SessionInfo:
+        """Session id, negotiated algorithms, encoding, mode (raises before the handshake ends)."""
+        if self._protocol.info is None:
+            raise SessionClosed("the session is not established", code=self._protocol.state.value)
+        return self._protocol.info
+
+    @property
+    def stats(self) -> Stats:
+        return self._protocol.stats
+
+    @property
+    def state(self) -> State:
+        return self._protocol.state
+
+    @property
+    def close_event(self) -> Closed | None:
+        """How the session ended, once it has."""
+        return self._protocol.closed
+
+    @property
+    def remote_address(self) -> str:
+        return self._channel.remote_address
+
+    async def send(
+        self,
+        content: str | dict[str, Any] | list[Any] | np.ndarray[Any, Any] | AVPMessage | bytes | bytearray | memoryview,
+        *,
+        algorithm: str | Algorithm | None = None,
+        binary: bool = False,
+    ) -> SentInfo:
+        """Send one DATA message and wait until the transport has taken it (backpressure).
+
+        ``content`` is text (``str``), JSON (``dict``/``list``), a numpy tensor (sent as an AVP
+        hidden-state frame), an :class:`AVPMessage`, or an encoded AVP frame (``bytes``). Text and
+        JSON use automatic algorithm selection among the negotiated ones unless ``algorithm`` names
+        one; ``binary=True`` sends text as a TokenNative binary frame. Errors (closed session,
+        wrong mode, over the negotiated max_payload, ...) are raised before anything is sent.
+        """
+        now = self._loop.time()
+        if isinstance(content, str | dict | list):
+            alg = resolve_algorithm(algorithm) if algorithm is not None else None
+            sent = self._protocol.send(content, now, algorithm=alg, binary=binary)
+        else:
+            sent = self._protocol.send_frame(self._avp_parts(content), now)
+        await self._write_pending()
+        if self._transport_closed and self._protocol.closed is not None:
+            raise _closed_error(self._protocol.closed)
+        return sent
+
+    async def recv(self) -> Message:
+        """The next message, in order. Raises SessionClosed once the session is over and drained."""
+        while not self._inbox:
+            closed = self._protocol.closed
+            if closed is not None and self._closed.is_set():
+                raise _closed_error(closed)
+            self._inbox_changed.clear()
+            await self._inbox_changed.wait()
+        message = self._inbox.popleft()
+        if len(self._inbox) < self._max_queue:
+            self._inbox_space.set()
+            if self._paused and len(self._inbox) <= self._max_queue // 2:
+                self._paused = False
+                self._channel.resume_reading()  # type: ignore[attr-defined]
+        return message
+
+    def __aiter__(self) -> AsyncIterator[Message]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Message]:
+        while True:
+            try:
+                message = await self.recv()
+            except SessionClosed:
+                closed = self._protocol.closed
+                if closed is not None and closed.error is not None:
+                    raise
+                return
+            yield message
+
+    async def close(self, reason: str = "") -> None:
+        """Close the session: CLOSE, wait for the acknowledgement (close_timeout), close the channel."""
+        if self._protocol.state is not State.CLOSED:
+            self._protocol.close(self._loop.time(), reason)
+            self._after_protocol_step()
+            await self._write_pending()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self._protocol.config.timers.close_timeout + 1.0):
+                await self._closed.wait()
+        await self._shutdown()
+
+    async def wait_closed(self) -> Closed | None:
+        await self._closed.wait()
+        return self._protocol.closed
+
+    # -- shell machinery -------------------------------------------------------------------------
+
+    async def _start(self) -> SessionInfo:
+        """Run the handshake; returns the negotiated info or raises (REJECT, timeout, transport)."""
+        self._protocol.initiate(self._loop.time())
+        self._tasks = [asyncio.create_task(self._writer(), name="m2mwire-writer")]
+        if isinstance(self._channel, PushChannel):
+            self._push = True
+            self._channel.start_push(self._feed, self._on_transport_closed)
+        else:
+            self._tasks.append(asyncio.create_task(self._reader(), name="m2mwire-reader"))
+        self._after_protocol_step()
+        await self._write_pending()
+        try:
+            return await self._established
+        except BaseException:
+            await self._shutdown()
+            raise
+
+    def _avp_parts(self, content: object) -> Sequence[Buffer]:
+        from m2mwire import avp  # local: keeps numpy/protobuf work off the import path of text users
+
+        if isinstance(content, AVPMessage):
+            return [content.raw]
+        if isinstance(content, bytes | bytearray | memoryview):
+            return [content]
+        if isinstance(content, np.ndarray):
+            info = self.info
+            identity = self._protocol.config.identity
+            return avp.encode_parts(
+                content,
+                session_id=info.session_id,
+                source_agent_id=self._protocol.config.agent_id,
+                target_agent_id=info.peer_agent_id,
+                model_id=identity.model_id if identity is not None else "",
+                mode="LATENT",
+                avp_map_id=info.avp_map_id,
+            )
+        raise EncodeError(
+            f"send() takes str, dict, list, a numpy array, an AVPMessage or AVP frame bytes, "
+            f"not {type(content).__name__}"
+        )
+
+    def _after_protocol_step(self) -> None:
+        """Collect events and re-arm the timer after the protocol was fed something."""
+        while (event := self._protocol.next_event()) is not None:
+            if isinstance(event, Established):
+                if not self._established.done():
+                    self._established.set_result(event.info)
+            elif isinstance(event, MessageReceived):
+                self._inbox.append(event.message)
+                self._inbox_changed.set()
+            else:
+                self._mark_closed(event)
+        self._arm_timer()
+
+    def _arm_timer(self) -> None:
+        deadline = self._protocol.next_deadline()
+        if deadline is None:
+            if self._timer_handle is not None:
+                self._timer_handle.cancel()
+                self._timer_handle = self._timer_at = None
+            return
+        # Deadlines mostly move later (traffic postpones pings); only reschedule when one moves
+        # earlier, otherwise let the armed callback fire and re-arm itself.
+        if self._timer_at is not None and self._timer_at <= deadline:
+            return
+        if self._timer_handle is not None:
+            self._timer_handle.cancel()
+        self._timer_at = deadline
+        self._timer_handle = self._loop.call_at(deadline, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer_handle = self._timer_at = None
+        self._protocol.handle_timer(self._loop.time())
+        self._after_protocol_step()
+        self._writer_wakeup.set()
+
+    def _mark_closed(self, event: Closed) -> None:
+        if not self._established.done():
+            self._established.set_exception(_closed_error(event, handshake=True))
+            self._established.exception()  # mark retrieved: a server may never await it
+        self._closed.set()
+        self._inbox_changed.set()
+        self._inbox_space.set()
+
+    async def _write_pending(self) -> None:
+        """Write everything the protocol has queued, in order (waits under backpressure)."""
+        async with self._write_lock:
+            while outputs := self._protocol.data_to_send():
+                for out in outputs:
+                    if isinstance(out, CloseTransport):
+                        await self._close_channel(out.code, out.reason)
+                    elif not self._transport_closed:
+                        try:
+                            await self._channel.send(out.message)
+                        except TransportError as exc:
+                            self._on_transport_closed(exc)
+
+    async def _writer(self) -> None:
+        while True:
+            await self._writer_wakeup.wait()
+            self._writer_wakeup.clear()
+            await self._write_pending()
+
+    def _feed(self, data: str | bytes) -> None:
+        """One received message: through the protocol, into the inbox; pause reading when full."""
+        proto = self._protocol
+        if proto.state is State.CLOSED:
+            return
+        try:
+            if isinstance(data, str):
+                proto.receive_text(data, self._loop.time())
+            else:
+                proto.receive_binary(data, self._loop.time())
+            self._after_protocol_step()
+            if proto.has_output:
+                self._writer_wakeup.set()  # PONG, CLOSE acknowledgement, REJECT, ...
+            if self._push and not self._paused and len(self._inbox) >= self._max_queue:
+                self._paused = True  # the application is slow: stop reading (backpressure)
+                self._channel.pause_reading()  # type: ignore[attr-defined]
+        except Exception:  # a bug must not leave the application waiting forever
+            log.exception("session failed to process a message")
+            self._on_transport_closed(TransportError("internal error while processing a message"))
+
+    async def _reader(self) -> None:
+        """Pull-mode channels (e.g. QUIC): read, feed, and stop reading while the inbox is full."""
+        while self._protocol.state is not State.CLOSED:
+            while len(self._inbox) >= self._max_queue and not self._closed.is_set():
+                self._inbox_space.clear()
+                await self._inbox_space.wait()
+            try:
+                data = await self._channel.recv()
+            except TransportError as exc:
+                self._on_transport_closed(exc)
+                return
+            self._feed(data)
+
+    def _on_transport_closed(self, exc: TransportError) -> None:
+        self._transport_closed = True
+        self._protocol.transport_closed(None if exc.clean else exc)
+        self._after_protocol_step()
+
+    async def _close_channel(self, code: int, reason: str) -> None:
+        if self._transport_closed:
+            return
+        self._transport_closed = True
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(5.0):
+                await self._channel.close(code, reason)
+
+    async def _shutdown(self) -> None:
+        # Put out what the protocol queued last (REJECT, CLOSE), briefly.
+        if not self._transport_closed:
+            with contextlib.suppress(Exception):
+                async with asyncio.timeout(2.0):
+                    await self._write_pending()
+        if self._protocol.state is not State.CLOSED:
+            self._protocol.transport_closed()
+            self._after_protocol_step()
+        await self._close_channel(1000, "")
+        if self._timer_handle is not None:
+            self._timer_handle.cancel()
+            self._timer_handle = self._timer_at = None
+        current = asyncio.current_task()
+        others = [t for t in self._tasks if t is not current and not t.done()]
+        for task in others:
+            task.cancel()
+        if others:
+            await asyncio.wait(others, timeout=5.0)
+
+
+def _closed_error(event: Closed, *, handshake: bool = False) -> M2MError:
+    if event.error is not None and (handshake or not isinstance(event.error, SessionClosed)):
+        return event.error
+    return SessionClosed(
+        f"session closed ({event.code}{': ' + event.reason if event.reason else ''})",
+        code=event.code,
+        reason=event.reason,
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# URLs and options
+
+
+@dataclass(frozen=True, slots=True)
+class _Endpoint:
+    scheme: str  # "ws", "wss" or "quic"
+    host: str
+    port: int
+    url: str
+
+
+def _parse_url(url: str) -> _Endpoint:
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme not in ("ws", "wss", "quic"):
+        raise ValueError(f"unsupported URL scheme {parts.scheme!r} in {url!r}: use ws://, wss:// or quic://")
+    host = parts.hostname or "127.0.0.1"
+    default_port = {"ws": 80, "wss": 443, "quic": 4433}[scheme]
+    port = parts.port if parts.port is not None else default_port
+    return _Endpoint(scheme, host, port, url)
+
+
+def _split_options(options: dict[str, Any]) -> tuple[SessionConfig, dict[str, Any]]:
+    transport = {k: v for k, v in options.items() if k in _TRANSPORT_OPTIONS}
+    session = {k: v for k, v in options.items() if k not in _TRANSPORT_OPTIONS}
+    return make_config(session), transport
+
+
+async def _open_channel(ep: _Endpoint, config: SessionConfig, topts: dict[str, Any]) -> Channel:
+    max_size = config.max_payload
+    if ep.scheme in ("ws", "wss"):
+        from m2mwire.transport.websocket import connect_websocket
+
+        ssl_ctx = topts.get("ssl")
+        if ep.scheme == "wss" and ssl_ctx is None:
+            ssl_ctx = _client_ssl(topts)
+        kwargs: dict[str, Any] = {"max_message_size": max_size, "ssl": ssl_ctx}
+        if "open_timeout" in topts:
+            kwargs["open_timeout"] = topts["open_timeout"]
+        return await connect_websocket(ep.url, **kwargs)
+    from m2mwire.transport.quic import open_quic_channel
+
+    qopts = {
+        k: v
+        for k, v in topts.items()
+        if k in ("cafile", "cadata", "fingerprint", "insecure", "server_name", "idle_timeout")
+    }
+    return await open_quic_channel(ep.host, ep.port, max_message_size=max_size, **qopts)
+
+
+def _client_ssl(topts: dict[str, Any]) -> ssl_module.SSLContext:
+    from m2mwire.transport.tls import client_ssl_context
+
+    return client_ssl_context(
+        cafile=topts.get("cafile"),
+        cadata=topts.get("cadata"),
+        fingerprint=topts.get("fingerprint"),
+        insecure=bool(topts.get("insecure", False)),
+    )
+
+
+class connect:
+    """Open a client session: ``async with m2mwire.connect("ws://host:port") as session: ...``.
+
+    Also awaitable: ``session = await m2mwire.connect(url)`` (then ``await session.close()``).
+    Options: algorithms, encodings, preferred_encoding, identity, max_payload, timers (a Timers or a
+    dict), optimize, token_stats, agent_id, agent_type, limits, max_queue; transport options: ssl (an
+    SSLContext for wss://), cafile/cadata/fingerprint/insecure (TLS verification for wss:// and
+    quic://), server_name, open_timeout, idle_timeout (QUIC).
+    """
+
+    def __init__(self, url: str, **options: Any) -> None:
+        self._endpoint = _parse_url(url)
+        self._config, self._topts = _split_options(options)
+        self._session: Session | None = None
+
+    async def _open(self) -> Session:
+        channel = await _open_channel(self._endpoint, self._config, self._topts)
+        session = Session(channel, SessionProtocol(Role.CLIENT, self._config))
+        await session._start()
+        if session.info.max_payload:
+            channel.set_max_message_size(session.info.max_payload)
+        self._session = session
+        return session
+
+    def __await__(self) -> Generator[Any, None, Session]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> Session:
+        return await self._open()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._session is not None:
+            await self._session.close()
+
+
+Handler = Callable[[Session], Awaitable[None]]
+
+
+class Server:
+    """A running m2mwire server (WebSocket or QUIC). Use as ``async with serve(...) as server``."""
+
+    def __init__(self, handler: Handler, url: str, options: dict[str, Any]) -> None:
+        self._handler = handler
+        self._endpoint = _parse_url(url)
+        self._config, self._topts = _split_options(options)
+        self._active: set[str] = set()
+        self._sessions: set[Session] = set()
+        self._impl: Any = None
+        self.port = self._endpoint.port
+        self.fingerprint: str | None = None
+
+    @property
+    def url(self) -> str:
+        host = self._endpoint.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{self._endpoint.scheme}://{host}:{self.port}"
+
+    @property
+    def active_sessions(self) -> int:
+        return len(self._sessions)
+
+    def _new_session_id(self) -> str:
+        # Unique among this server's live sessions (uuid4 collisions are only theoretical).
+        while True:
+            sid = str(uuid.uuid4())
+            if sid not in self._active:
+                self._active.add(sid)
+                return sid
+
+    async def _run_session(self, channel: Channel) -> None:
+        session = Session(
+            channel, SessionProtocol(Role.SERVER, self._config, session_id_factory=self._new_session_id)
+        )
+        self._sessions.add(session)
+        try:
+            try:
+                info = await session._start()
+            except M2MError as exc:
+                log.info("session from %s not established: %s", channel.remote_address, exc)
+                return
+            if info.max_payload:
+                channel.set_max_message_size(info.max_payload)
+            try:
+                await self._handler(session)
+            except SessionClosed as exc:
+                log.info("session %s ended in handler: %s", info.session_id, exc)
+            except Exception:
+                log.exception("session handler failed for session %s", info.session_id)
+            await session.close()
+        finally:
+            self._sessions.discard(session)
+            if session._protocol.session_id is not None:
+                self._active.discard(session._protocol.session_id)
+            await session._shutdown()
+
+    async def start(self) -> Server:
+        ep = self._endpoint
+        if ep.scheme in ("ws", "wss"):
+            from m2mwire.transport.websocket import serve_websocket
+
+            ssl_ctx = self._topts.get("ssl")
+            if ep.scheme == "wss" and ssl_ctx is None:
+                ssl_ctx, self.fingerprint = _server_ssl(self._topts)
+            self._impl = await serve_websocket(
+                self._run_session, ep.host, ep.port, max_message_size=self._config.max_payload, ssl=ssl_ctx
+            )
+            self.port = self._impl.sockets[0].getsockname()[1]
+        else:
+            from m2mwire.transport.quic import serve_quic
+
+            qopts = {k: v for k, v in self._topts.items() if k in ("certfile", "keyfile", "idle_timeout")}
+            self._impl = await serve_quic(
+                self._run_session, ep.host, ep.port, max_message_size=self._config.max_payload, **qopts
+            )
+            self.port = self._impl.port
+            self.fingerprint = self._impl.fingerprint
+        return self
+
+    def close(self) -> None:
+        if self._impl is not None:
+            self._impl.close()
+
+    async def wait_closed(self) -> None:
+        if self._impl is not None:
+            await self._impl.wait_closed()
+
+    async def aclose(self) -> None:
+        """Stop accepting, close every live session (CLOSE handshake), then stop."""
+        self.close()
+        await asyncio.gather(
+            *(s.close("server shutting down") for s in list(self._sessions)), return_exceptions=True
+        )
+        await self.wait_closed()
+
+    async def serve_forever(self) -> None:
+        try:
+            await asyncio.Future()
+        finally:
+            await self.aclose()
+
+    def __await__(self) -> Generator[Any, None, Server]:
+        return self.start().__await__()
+
+    async def __aenter__(self) -> Server:
+        return await self.start()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+def _server_ssl(topts: dict[str, Any]) -> tuple[ssl_module.SSLContext, str | None]:
+    from m2mwire.transport import tls
+
+    certfile, keyfile = topts.get("certfile"), topts.get("keyfile")
+    if certfile is not None:
+        return tls.server_ssl_context(certfile, keyfile), None
+    cert = tls.generate_self_signed()
+    certfile, keyfile = cert.write_temp_files()
+    log.warning(
+        "wss:// server uses a generated self-signed certificate, SHA-256 fingerprint %s", cert.fingerprint
+    )
+    return tls.server_ssl_context(certfile, keyfile), cert.fingerprint
+
+
+def serve(handler: Handler, url: str, **options: Any) -> Server:
+    """Serve sessions: ``async with m2mwire.serve(handler, "ws://127.0.0.1:0") as server: ...``.
+
+    ``handler(session)`` runs once per established session; when it returns, the session is closed.
+    Same session options as :func:`connect`; transport options: ssl (wss://), certfile/keyfile (TLS
+    for wss:// and quic://; without them a self-signed certificate is generated and its
+    fingerprint logged and exposed as ``server.fingerprint``), idle_timeout (QUIC).
+    """
+    return Server(handler, url, options)

@@ -1,0 +1,281 @@
+"""Session messages: the JSON envelope and its payloads, as msgspec Structs.
+
+The envelope is the one the existing M2M implementation emits (``type``, ``session_id`` omitted on
+HELLO/REJECT, ``payload``, ``timestamp`` in ms), so our messages parse as theirs and theirs as ours.
+Reading is liberal: the docs' dialect (flat HELLO, ``TOKEN_NATIVE``, ``CL100K_BASE``, version "1.x")
+is understood too, unknown fields are ignored, unknown message types are reported as such, and a
+payload that matches no shape is a :class:`~m2mwire.errors.ProtocolError` (never silently "empty").
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from enum import StrEnum
+from typing import Any, Literal
+
+import msgspec
+
+from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits
+from m2mwire.errors import LimitExceeded, ProtocolError
+from m2mwire.schemas.identity import ModelIdentity
+
+__all__ = [
+    "PROTOCOL_VERSION",
+    "Capabilities",
+    "ClosePayload",
+    "CompressionCaps",
+    "DataPayload",
+    "Envelope",
+    "LatentCaps",
+    "MessageType",
+    "Rejection",
+    "SecurityCaps",
+    "decode_message",
+    "encode_message",
+    "now_ms",
+]
+
+PROTOCOL_VERSION = "3.0"
+
+
+class MessageType(StrEnum):
+    HELLO = "HELLO"
+    ACCEPT = "ACCEPT"
+    REJECT = "REJECT"
+    DATA = "DATA"
+    PING = "PING"
+    PONG = "PONG"
+    CLOSE = "CLOSE"
+
+
+# Seed rejection codes (the first five are the reference's enum; SERVER_BUSY is the docs').
+RejectCode = Literal[
+    "VERSION_MISMATCH", "NO_COMMON_ALGORITHM", "SECURITY_POLICY", "RATE_LIMITED", "UNKNOWN", "SERVER_BUSY"
+]
+
+
+class CompressionCaps(msgspec.Struct, kw_only=True):
+    algorithms: list[str]
+    max_payload: int = 0  # 0 = no limit announced (the reference's default)
+    streaming: bool = False
+    ml_routing: bool = False
+    encodings: list[str] = msgspec.field(default_factory=list)
+    preferred_encoding: str = "Cl100kBase"
+
+
+class SecurityCaps(msgspec.Struct, kw_only=True):
+    threat_detection: bool = False
+    model_version: str | None = None
+    blocking_mode: bool = False
+    block_threshold: float = 0.8
+
+
+class LatentCaps(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """AVP latent-mode negotiation, carried as the extra capabilities field ``avp``.
+
+    HELLO carries the sender's model ``identity``; ACCEPT carries the server's identity plus the
+    resolved ``mode`` ("LATENT" or "JSON"), the ``reason`` and, where one applies, ``avp_map_id``.
+    """
+
+    identity: ModelIdentity | None = None
+    mode: Literal["LATENT", "JSON"] | None = None
+    reason: str | None = None
+    avp_map_id: str = ""
+
+
+class Capabilities(msgspec.Struct, kw_only=True):
+    version: str
+    agent_id: str
+    agent_type: str
+    compression: CompressionCaps
+    security: SecurityCaps = msgspec.field(default_factory=SecurityCaps)
+    extensions: dict[str, str] = msgspec.field(default_factory=dict)
+    avp: LatentCaps | msgspec.UnsetType = msgspec.UNSET  # ours; absent unless latent mode is offered
+
+
+class Rejection(msgspec.Struct, kw_only=True):
+    code: str
+    message: str = ""
+
+
+class DataPayload(msgspec.Struct, kw_only=True):
+    """DATA payload. ``content_type`` is ours ("json" or "text"); other implementations ignore it."""
+
+    algorithm: str
+    content: str
+    original_size: int | msgspec.UnsetType = msgspec.UNSET
+    content_type: Literal["text", "json"] | msgspec.UnsetType = msgspec.UNSET
+
+
+class ClosePayload(msgspec.Struct, kw_only=True):
+    """CLOSE payload. The reference sends ``{}``; the docs add reason/message, which we send."""
+
+    reason: str | msgspec.UnsetType = msgspec.UNSET
+    message: str | msgspec.UnsetType = msgspec.UNSET
+
+
+class Envelope(msgspec.Struct, kw_only=True):
+    """One session message. Field order is the reference's: type, session_id, payload, timestamp.
+
+    ``session_id`` is omitted entirely (not null) when unset, as the reference does on HELLO/REJECT.
+    """
+
+    type: str
+    session_id: str | msgspec.UnsetType = msgspec.UNSET
+    payload: Any = msgspec.UNSET
+    timestamp: int
+
+
+class _RawEnvelope(msgspec.Struct, kw_only=True):
+    type: str
+    session_id: str | None = None
+    payload: msgspec.Raw = msgspec.Raw(b"")  # empty = absent; decoded once the type is known
+    timestamp: int | None = None
+
+
+# The docs' flat HELLO: {version, algorithms, encodings?, preferred_encoding?, max_payload_size, ...}
+class _FlatHello(msgspec.Struct, kw_only=True):
+    version: str
+    algorithms: list[str]
+    encodings: list[str] = msgspec.field(default_factory=list)
+    preferred_encoding: str | None = None
+    max_payload_size: int = 0
+    supports_streaming: bool = False
+    security_scanning: bool = False
+    agent_id: str = ""
+    agent_type: str = ""
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+_TYPES: dict[str, MessageType] = {t.value: t for t in MessageType}
+_encoder = msgspec.json.Encoder()
+_raw_decoder = msgspec.json.Decoder(_RawEnvelope)
+_caps_decoder = msgspec.json.Decoder(Capabilities)
+_flat_decoder = msgspec.json.Decoder(_FlatHello)
+_reject_decoder = msgspec.json.Decoder(Rejection)
+_data_decoder = msgspec.json.Decoder(DataPayload)
+_close_decoder = msgspec.json.Decoder(ClosePayload)
+_any_decoder = msgspec.json.Decoder()
+
+
+def encode_message(
+    type_: MessageType, payload: Any = None, *, session_id: str | None = None, timestamp: int | None = None
+) -> str:
+    """Serialise one message as compact JSON text. ``session_id=None`` omits the key."""
+    if payload is None and type_ in (MessageType.PING, MessageType.PONG, MessageType.CLOSE):
+        payload = {}
+    env = Envelope(
+        type=type_.value,
+        session_id=msgspec.UNSET if session_id is None else session_id,
+        payload=msgspec.UNSET if payload is None else payload,
+        timestamp=now_ms() if timestamp is None else timestamp,
+    )
+    return _encoder.encode(env).decode()
+
+
+class Decoded(msgspec.Struct, frozen=True):
+    """A parsed message: ``type`` is None for a type we do not know (the caller ignores it)."""
+
+    type: MessageType | None
+    type_name: str
+    session_id: str | None
+    payload: Capabilities | Rejection | DataPayload | ClosePayload | None
+    timestamp: int
+
+
+def decode_message(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS) -> Decoded:
+    """Parse one envelope. Raises ProtocolError(code="MALFORMED_MESSAGE") when it matches no shape."""
+    size = len(text.encode() if isinstance(text, str) else text)
+    if size > limits.max_message_bytes:
+        raise LimitExceeded(
+            f"session message is {size} bytes, over the limit of {limits.max_message_bytes} bytes",
+            limit=limits.max_message_bytes,
+            actual=size,
+        )
+    try:
+        raw = _raw_decoder.decode(text)
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+        raise ProtocolError(f"not a session message: {exc}", code="MALFORMED_MESSAGE") from exc
+    mtype = _TYPES.get(raw.type)
+    payload: Capabilities | Rejection | DataPayload | ClosePayload | None = None
+    if mtype is not None:
+        payload = _decode_payload(mtype, raw.payload)
+    return Decoded(
+        type=mtype,
+        type_name=raw.type,
+        session_id=raw.session_id,
+        payload=payload,
+        timestamp=raw.timestamp if raw.timestamp is not None else 0,
+    )
+
+
+def _decode_payload(
+    mtype: MessageType, raw: msgspec.Raw
+) -> Capabilities | Rejection | DataPayload | ClosePayload | None:
+    if mtype is MessageType.DATA and raw:  # the hot path first
+        try:
+            return _data_decoder.decode(raw)
+        except msgspec.DecodeError as exc:
+            raise ProtocolError(f"DATA payload matches no known shape: {exc}", code="MALFORMED_MESSAGE") from exc
+    if mtype in (MessageType.PING, MessageType.PONG):
+        return None  # payload is {} or absent; content is irrelevant
+    if not raw or bytes(raw) == b"null":
+        if mtype is MessageType.CLOSE:
+            return ClosePayload()
+        raise ProtocolError(f"{mtype.value} message has no payload", code="MALFORMED_MESSAGE")
+    try:
+        if mtype in (MessageType.HELLO, MessageType.ACCEPT):
+            return _decode_caps(raw)
+        if mtype is MessageType.REJECT:
+            return _reject_decoder.decode(raw)
+        if mtype is MessageType.DATA:
+            return _data_decoder.decode(raw)
+        return _close_decoder.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(
+            f"{mtype.value} payload matches no known shape: {exc}", code="MALFORMED_MESSAGE"
+        ) from exc
+
+
+def _decode_caps(raw: msgspec.Raw) -> Capabilities:
+    try:
+        return _caps_decoder.decode(raw)
+    except msgspec.DecodeError as nested_error:
+        try:
+            flat = _flat_decoder.decode(raw)
+        except msgspec.DecodeError:
+            raise nested_error from None
+    # The docs' flat shape: map it onto the nested capabilities object.
+    return Capabilities(
+        version=flat.version,
+        agent_id=flat.agent_id,
+        agent_type=flat.agent_type,
+        compression=CompressionCaps(
+            algorithms=flat.algorithms,
+            max_payload=flat.max_payload_size,
+            streaming=flat.supports_streaming,
+            encodings=flat.encodings,
+            preferred_encoding=flat.preferred_encoding or "Cl100kBase",
+        ),
+        security=SecurityCaps(threat_detection=flat.security_scanning),
+    )
+
+
+def json_schema() -> dict[str, Any]:
+    """JSON Schema (2020-12) of every session message, for other implementers."""
+    schema_types: Iterable[type[Any]] = (Envelope, Capabilities, Rejection, DataPayload, ClosePayload)
+    (_, components) = msgspec.json.schema_components(list(schema_types), ref_template="#/$defs/{name}")
+    return {
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "m2mwire session messages",
+        "description": (
+            "Envelope {type, session_id?, payload?, timestamp}. payload is Capabilities for HELLO/ACCEPT, "
+            "Rejection for REJECT, DataPayload for DATA, ClosePayload for CLOSE and {} for PING/PONG."
+        ),
+        "$ref": "#/$defs/Envelope",
+        "$defs": components,
+    }

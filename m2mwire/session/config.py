@@ -1,0 +1,101 @@
+"""Session options: what an endpoint offers in HELLO, its timers and its limits."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from m2mwire.codecs import Algorithm, Encoding, available_encodings, resolve_algorithm, resolve_encoding
+from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits, MiB
+from m2mwire.errors import EncodeError
+from m2mwire.schemas.identity import ModelIdentity
+
+__all__ = ["DEFAULT_ALGORITHMS", "SessionConfig", "Timers", "make_config"]
+
+# Preference order when the caller says nothing: token-efficient first, passthrough last.
+DEFAULT_ALGORITHMS: tuple[Algorithm, ...] = (
+    Algorithm.TOKENNATIVE,
+    Algorithm.TOKEN,
+    Algorithm.BROTLI,
+    Algorithm.DICTIONARY,
+    Algorithm.NONE,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Timers:
+    """The seed's session timers, in seconds; every one is configurable."""
+
+    hello_timeout: float = 30.0  # HELLO must be answered (ACCEPT/REJECT) within this
+    ping_interval: float = 60.0  # PING after this long without receiving anything
+    pong_timeout: float = 10.0  # each PING must be answered within this
+    max_missed_pongs: int = 3  # this many unanswered PINGs in a row close the session
+    close_timeout: float = 5.0  # our CLOSE must be acknowledged within this
+    session_timeout: float = 300.0  # no DATA either way for this long closes the session
+
+
+@dataclass(frozen=True, slots=True)
+class SessionConfig:
+    """Everything one endpoint brings to a session."""
+
+    algorithms: tuple[Algorithm, ...] = DEFAULT_ALGORITHMS
+    encodings: tuple[Encoding, ...] = ()  # empty = every tokenizer installed here
+    preferred_encoding: Encoding | None = None  # None = the first of ``encodings``
+    max_payload: int = 16 * MiB  # largest message we accept; 0 = unlimited
+    identity: ModelIdentity | None = None  # offering one enables latent (AVP) mode
+    agent_id: str = field(default_factory=lambda: str(uuid.uuid4()))
+    agent_type: str = "m2mwire-python"
+    timers: Timers = Timers()
+    limits: Limits = DEFAULT_LIMITS
+    optimize: Literal["bytes", "tokens"] = "bytes"  # what automatic algorithm selection minimises
+    token_stats: bool = False  # count cl100k tokens of every message for Session.stats (costs CPU)
+    max_queue: int = 64  # received messages buffered before we stop reading (backpressure)
+
+    def resolved_encodings(self) -> tuple[Encoding, ...]:
+        return self.encodings or tuple(available_encodings())
+
+    def resolved_preferred(self) -> Encoding:
+        encodings = self.resolved_encodings()
+        if self.preferred_encoding is not None:
+            return self.preferred_encoding
+        return encodings[0] if encodings else Encoding.CL100K
+
+
+_OPTION_NAMES = frozenset(SessionConfig.__dataclass_fields__)
+
+
+def make_config(options: dict[str, Any]) -> SessionConfig:
+    """Build a SessionConfig from keyword options, accepting names in any spelling we know.
+
+    ``timers`` may be a :class:`Timers` or a dict of its fields. Unknown options are an error, so a
+    typo never silently falls back to a default.
+    """
+    unknown = set(options) - _OPTION_NAMES
+    if unknown:
+        raise TypeError(f"unknown session option(s): {', '.join(sorted(unknown))}")
+    opts = dict(options)
+    if "algorithms" in opts:
+        algs = tuple(resolve_algorithm(a) for a in _as_iter(opts["algorithms"]))
+        if not algs:
+            raise EncodeError("algorithms must name at least one algorithm")
+        if Algorithm.ZLIB in algs:
+            raise EncodeError("zlib (#M2M[v2.0]) is deprecated: it is decoded but never offered")
+        opts["algorithms"] = algs
+    if "encodings" in opts:
+        opts["encodings"] = tuple(resolve_encoding(e) for e in _as_iter(opts["encodings"]))
+    if opts.get("preferred_encoding") is not None:
+        opts["preferred_encoding"] = resolve_encoding(opts["preferred_encoding"])
+    if isinstance(opts.get("timers"), dict):
+        opts["timers"] = replace(Timers(), **opts["timers"])
+    config = SessionConfig(**opts)
+    if config.preferred_encoding is not None and config.preferred_encoding not in config.resolved_encodings():
+        raise EncodeError(
+            f"preferred_encoding {config.preferred_encoding.value} is not among the encodings offered"
+        )
+    return config
+
+
+def _as_iter(value: Any) -> Iterable[Any]:
+    return (value,) if isinstance(value, str) else value

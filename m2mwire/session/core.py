@@ -1,0 +1,756 @@
+"""The session protocol as a sans-I/O state machine.
+
+``SessionProtocol`` never touches a socket or a clock: the I/O shell feeds it what arrived
+(:meth:`receive_text`, :meth:`receive_binary`), what the application wants (:meth:`send`,
+:meth:`send_frame`, :meth:`close`) and the current time, then collects what to transmit
+(:meth:`data_to_send`) and what happened (:meth:`next_event`). Timers are deadlines that the
+shell asks for (:meth:`next_deadline`) and reports back (:meth:`handle_timer`). This is the
+design of h11, wsproto and aioquic's ``QuicConnection``, so every rule is testable without I/O.
+
+States: INITIAL -> HELLO_SENT (client) -> ESTABLISHED -> CLOSING -> CLOSED.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Literal
+
+from m2mwire.codecs import (
+    Algorithm,
+    Encoding,
+    compress,
+    compress_binary,
+    count_tokens,
+    decode_wire,
+    decompress_binary,
+    select_algorithm,
+)
+from m2mwire.codecs.avp import AVPMessage
+from m2mwire.codecs.avp import decode as avp_decode
+from m2mwire.codecs.jsonutil import dumps_compact, loads_limited
+from m2mwire.errors import (
+    DecodeError,
+    EncodeError,
+    LimitExceeded,
+    M2MError,
+    ModeError,
+    ProtocolError,
+    SessionClosed,
+    SessionRejected,
+    SessionTimeout,
+)
+from m2mwire.schemas.messages import (
+    PROTOCOL_VERSION,
+    Capabilities,
+    ClosePayload,
+    CompressionCaps,
+    DataPayload,
+    LatentCaps,
+    MessageType,
+    Rejection,
+    SecurityCaps,
+    decode_message,
+    encode_message,
+)
+from m2mwire.session.config import SessionConfig
+from m2mwire.session.negotiation import (
+    Negotiated,
+    Refusal,
+    accept_capabilities,
+    negotiate_client,
+    negotiate_server,
+)
+from m2mwire.transport.base import Buffer
+
+__all__ = [
+    "CloseTransport",
+    "Closed",
+    "Established",
+    "Event",
+    "Message",
+    "MessageReceived",
+    "Role",
+    "SendMessage",
+    "SentInfo",
+    "SessionInfo",
+    "SessionProtocol",
+    "State",
+    "Stats",
+]
+
+log = logging.getLogger("m2mwire.session")
+
+AVP_MAGIC = b"AV"
+_TOKENNATIVE_BINARY_IDS = frozenset({0, 1, 2})
+
+
+def _utf8_len(text: str) -> int:
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+class State(Enum):
+    INITIAL = "INITIAL"
+    HELLO_SENT = "HELLO_SENT"
+    ESTABLISHED = "ESTABLISHED"
+    CLOSING = "CLOSING"
+    CLOSED = "CLOSED"
+
+
+class Role(Enum):
+    CLIENT = "client"
+    SERVER = "server"
+
+
+# ---------------------------------------------------------------------------------------------
+# What the application sees
+
+
+@dataclass(frozen=True, slots=True)
+class SessionInfo:
+    """The negotiated session, as both ends agreed on it."""
+
+    session_id: str
+    role: Role
+    algorithms: tuple[Algorithm, ...]
+    encoding: Encoding
+    mode: str  # "LATENT" or "JSON"
+    mode_reason: str
+    avp_map_id: str
+    max_payload: int
+    peer_agent_id: str
+    peer_agent_type: str
+    peer_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class Message:
+    """One received DATA message: what arrived and how it travelled."""
+
+    kind: Literal["text", "json", "avp"]
+    algorithm: str  # wire algorithm ("tokennative", "brotli", ...) or "avp"
+    binary: bool  # True when it came as a binary frame
+    wire_bytes: int
+    original_bytes: int
+    text: str | None = None
+    value: Any = None  # the parsed JSON value when kind == "json"
+    avp: AVPMessage | None = None
+
+    def json(self) -> Any:
+        """The JSON value (parsing the text if it came as text)."""
+        if self.kind == "json":
+            return self.value
+        if self.text is None:
+            raise DecodeError("this message is an AVP frame, not JSON")
+        return loads_limited(self.text)
+
+
+@dataclass(frozen=True, slots=True)
+class SentInfo:
+    """What send() put on the wire. Token counts (cl100k) only with ``token_stats=True``."""
+
+    algorithm: str
+    binary: bool
+    original_bytes: int
+    wire_bytes: int
+    original_tokens: int | None = None
+    wire_tokens: int | None = None
+
+
+@dataclass(slots=True)
+class Stats:
+    """Counters for one session; token counts are filled only with ``token_stats=True``."""
+
+    messages_sent: int = 0
+    messages_received: int = 0
+    original_bytes_sent: int = 0
+    wire_bytes_sent: int = 0
+    original_bytes_received: int = 0
+    wire_bytes_received: int = 0
+    original_tokens_sent: int = 0
+    wire_tokens_sent: int = 0
+    by_algorithm: dict[str, int] = field(default_factory=dict)
+
+
+# Events returned by next_event()
+
+
+@dataclass(frozen=True, slots=True)
+class Established:
+    info: SessionInfo
+
+
+@dataclass(frozen=True, slots=True)
+class MessageReceived:
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class Closed:
+    """The session is over. ``error`` is None for an orderly close."""
+
+    code: str
+    reason: str
+    by_peer: bool
+    error: M2MError | None = None
+
+
+Event = Established | MessageReceived | Closed
+
+
+# Outputs returned by data_to_send()
+
+
+@dataclass(frozen=True, slots=True)
+class SendMessage:
+    message: str | Sequence[Buffer]  # text message, or a binary message as buffers
+
+    @property
+    def binary(self) -> bool:
+        return not isinstance(self.message, str)
+
+
+@dataclass(frozen=True, slots=True)
+class CloseTransport:
+    """Close the channel underneath (WebSocket close code semantics)."""
+
+    code: int
+    reason: str
+
+
+Output = SendMessage | CloseTransport
+
+# WebSocket-style close codes used for CloseTransport.
+CLOSE_NORMAL = 1000
+CLOSE_PROTOCOL_ERROR = 1002
+CLOSE_TOO_BIG = 1009
+CLOSE_GOING_AWAY = 1001
+
+
+class SessionProtocol:
+    """One end of one session (sans-I/O)."""
+
+    def __init__(
+        self,
+        role: Role,
+        config: SessionConfig,
+        *,
+        session_id_factory: Callable[[], str] | None = None,
+    ) -> None:
+        self.role = role
+        self.config = config
+        self.state = State.INITIAL
+        self.info: SessionInfo | None = None
+        self.stats = Stats()
+        self._new_session_id = session_id_factory or (lambda: str(uuid.uuid4()))
+        self._session_id: str | None = None
+        self._outputs: deque[Output] = deque()
+        self.outputs_total = 0  # outputs ever queued: lets the shell wait until "mine" is written
+        self._events: deque[Event] = deque()
+        self._closed_event: Closed | None = None
+        # deadlines (absolute times in the shell's clock), None when not armed
+        self._hello_deadline: float | None = None
+        self._close_deadline: float | None = None
+        self._pong_deadline: float | None = None
+        self._missed_pongs = 0
+        self._closed_error: M2MError | None = None  # why we started closing, if not the app's close()
+        self._last_received = 0.0
+        self._last_data = 0.0
+
+    # -- inputs ---------------------------------------------------------------------------------
+
+    def initiate(self, now: float) -> None:
+        """Start the session: the client sends HELLO; both ends arm the handshake timer."""
+        if self.state is not State.INITIAL or self._hello_deadline is not None:
+            raise ProtocolError("initiate() may be called once, on a new session", code="INVALID_STATE")
+        self._last_received = self._last_data = now
+        self._hello_deadline = now + self.config.timers.hello_timeout
+        if self.role is Role.CLIENT:
+            self._send_text(encode_message(MessageType.HELLO, self._own_capabilities()))
+            self.state = State.HELLO_SENT
+
+    def receive_text(self, text: str, now: float) -> None:
+        """Feed one text message from the channel."""
+        if self.state is State.CLOSED:
+            return
+        self._last_received = now
+        try:
+            msg = decode_message(text, limits=self.config.limits)
+        except LimitExceeded as exc:
+            self._fail(exc, "MESSAGE_TOO_BIG", CLOSE_TOO_BIG)
+            return
+        except ProtocolError as exc:
+            self._fail(exc, exc.code, CLOSE_PROTOCOL_ERROR)
+            return
+        if msg.type is None:
+            log.warning("ignoring message of unknown type %r", msg.type_name[:40])
+            return
+        handler = _HANDLERS[msg.type]
+        handler(self, msg.session_id, msg.payload, now)
+
+    def receive_binary(self, data: bytes | bytearray | memoryview, now: float) -> None:
+        """Feed one binary message (TokenNative binary or an AVP frame)."""
+        if self.state is State.CLOSED:
+            return
+        self._last_received = now
+        if self.state not in (State.ESTABLISHED, State.CLOSING):
+            self._protocol_violation(
+                "binary frame before the session was established", "BINARY_BEFORE_ACCEPT"
+            )
+            return
+        view = memoryview(data)
+        if len(view) == 0:
+            self._protocol_violation("empty binary frame", "MALFORMED_MESSAGE")
+            return
+        first = view[0]
+        try:
+            if first in _TOKENNATIVE_BINARY_IDS:
+                text = decompress_binary(view, limits=self.config.limits)
+                message = Message(
+                    kind="text",
+                    algorithm=Algorithm.TOKENNATIVE.value,
+                    binary=True,
+                    wire_bytes=len(view),
+                    original_bytes=_utf8_len(text),
+                    text=text,
+                )
+            elif bytes(view[:2]) == AVP_MAGIC:
+                assert self.info is not None
+                if self.info.mode != "LATENT":
+                    self._protocol_violation(
+                        f"AVP frame received but the negotiated mode is {self.info.mode}", "MODE_VIOLATION"
+                    )
+                    return
+                frame = avp_decode(view)
+                message = Message(
+                    kind="avp",
+                    algorithm="avp",
+                    binary=True,
+                    wire_bytes=len(view),
+                    original_bytes=len(frame.payload),
+                    avp=frame,
+                )
+            else:
+                self._protocol_violation(
+                    f"binary frame starts with byte 0x{first:02x}: "
+                    "expected 0x00-0x02 (TokenNative) or 'A' (AVP)",
+                    "MALFORMED_MESSAGE",
+                )
+                return
+        except (DecodeError, LimitExceeded) as exc:
+            self._protocol_violation(f"undecodable binary frame: {exc}", "INVALID_DATA")
+            return
+        self._deliver(message, now)
+
+    def send(
+        self,
+        content: str | dict[str, Any] | list[Any],
+        now: float,
+        *,
+        algorithm: Algorithm | None = None,
+        binary: bool = False,
+    ) -> SentInfo:
+        """Queue one DATA message (text or JSON). Raises without queuing anything on error."""
+        info = self._require_established()
+        if isinstance(content, str):
+            text, content_type = content, "text"
+        elif isinstance(content, dict | list):
+            text, content_type = dumps_compact(content), "json"
+        else:
+            raise EncodeError(f"send() takes str, dict or list content, not {type(content).__name__}")
+        original = _utf8_len(text)
+        self._check_payload_size(original, "message content")
+        if binary:
+            if Algorithm.TOKENNATIVE not in info.algorithms:
+                raise EncodeError(
+                    "binary=True sends TokenNative binary frames, but tokennative was not negotiated "
+                    f"(negotiated: {', '.join(a.value for a in info.algorithms)})"
+                )
+            frame = compress_binary(text, encoding=info.encoding)
+            self._check_payload_size(len(frame), "TokenNative binary frame")
+            self._queue_output(SendMessage((frame,)))
+            sent = SentInfo(Algorithm.TOKENNATIVE.value, True, original, len(frame))
+        else:
+            if algorithm is None:
+                algorithm = select_algorithm(
+                    text, allowed=info.algorithms, optimize=self.config.optimize, encoding=info.encoding
+                )
+            elif algorithm not in info.algorithms:
+                raise EncodeError(
+                    f"algorithm {algorithm.value} was not negotiated for this session "
+                    f"(negotiated: {', '.join(a.value for a in info.algorithms)})"
+                )
+            wire = compress(text, algorithm, encoding=info.encoding, limits=self.config.limits)
+            envelope = encode_message(
+                MessageType.DATA,
+                DataPayload(algorithm=algorithm, content=wire, original_size=original, content_type=content_type),
+                session_id=info.session_id,
+            )
+            self._check_payload_size(_utf8_len(envelope), "DATA message")
+            self._queue_output(SendMessage(envelope))
+            if self.config.token_stats:
+                tokens = (count_tokens(text), count_tokens(wire))
+                self.stats.original_tokens_sent += tokens[0]
+                self.stats.wire_tokens_sent += tokens[1]
+                sent = SentInfo(algorithm, False, original, _utf8_len(wire), *tokens)
+            else:
+                sent = SentInfo(algorithm, False, original, _utf8_len(wire))
+        self._account_sent(sent, now)
+        return sent
+
+    def send_frame(self, parts: Sequence[Buffer], now: float) -> SentInfo:
+        """Queue one already-encoded AVP frame (as one or more buffers) for a latent-mode session."""
+        info = self._require_established()
+        if info.mode != "LATENT":
+            raise ModeError(
+                f"cannot send an AVP frame: this session negotiated {info.mode} mode "
+                f"({info.mode_reason}); latent mode needs both agents to offer a compatible model identity"
+            )
+        size = sum(memoryview(p).nbytes for p in parts)
+        if size < 12 or bytes(memoryview(parts[0])[:2]) != AVP_MAGIC:
+            raise EncodeError("send_frame() takes an encoded AVP frame (starting with b'AV')")
+        self._check_payload_size(size, "AVP frame")
+        self._queue_output(SendMessage(tuple(parts)))
+        sent = SentInfo("avp", True, size, size)
+        self._account_sent(sent, now)
+        return sent
+
+    def close(self, now: float, reason: str = "", *, code: str = "NORMAL") -> None:
+        """Begin an orderly close: CLOSE now, CLOSED once the peer acknowledges (or close_timeout)."""
+        if self.state in (State.CLOSING, State.CLOSED):
+            return
+        if self.state is State.ESTABLISHED:
+            self._send_close(code, reason)
+            self.state = State.CLOSING
+            self._close_deadline = now + self.config.timers.close_timeout
+            self._pong_deadline = None
+            return
+        # Not established yet: there is no session to close on the wire.
+        self._finish(Closed(code, reason, by_peer=False), CLOSE_NORMAL)
+
+    def transport_closed(self, error: M2MError | None = None) -> None:
+        """The channel underneath is gone (peer vanished, connection lost, orderly transport close)."""
+        if self.state is State.CLOSED:
+            return
+        if self.state is State.CLOSING:
+            self._finish(Closed("NORMAL", "transport closed during CLOSE", by_peer=True), None)
+            return
+        err = error or SessionClosed("the connection closed without a CLOSE message", code="TRANSPORT_CLOSED")
+        self._finish(Closed("TRANSPORT_CLOSED", str(err), by_peer=True, error=err), None)
+
+    def handle_timer(self, now: float) -> None:
+        """Act on every deadline that has passed."""
+        t = self.config.timers
+        if self._hello_deadline is not None and now >= self._hello_deadline:
+            waited = "ACCEPT" if self.role is Role.CLIENT else "HELLO"
+            err = SessionTimeout(f"no {waited} within {t.hello_timeout:g} s (hello_timeout)")
+            self._finish(Closed("HELLO_TIMEOUT", str(err), by_peer=False, error=err), CLOSE_GOING_AWAY)
+            return
+        if self._close_deadline is not None and now >= self._close_deadline:
+            err = SessionTimeout(f"CLOSE not acknowledged within {t.close_timeout:g} s (close_timeout)")
+            self._finish(Closed("NORMAL", str(err), by_peer=False, error=err), CLOSE_NORMAL)
+            return
+        if self.state is not State.ESTABLISHED:
+            return
+        if self._pong_deadline is not None and now >= self._pong_deadline:
+            self._missed_pongs += 1
+            if self._missed_pongs >= t.max_missed_pongs:
+                err = SessionTimeout(
+                    f"{self._missed_pongs} PINGs in a row not answered within {t.pong_timeout:g} s; "
+                    "the peer is gone"
+                )
+                self._send_close("PONG_TIMEOUT", str(err))
+                self._finish(Closed("PONG_TIMEOUT", str(err), by_peer=False, error=err), CLOSE_GOING_AWAY)
+                return
+            self._ping(now)
+        elif self._pong_deadline is None and now >= self._last_received + t.ping_interval:
+            self._ping(now)
+        if now >= self._last_data + t.session_timeout:
+            err = SessionTimeout(f"no DATA for {t.session_timeout:g} s (session_timeout)")
+            self._send_close("SESSION_TIMEOUT", str(err))
+            self.state = State.CLOSING
+            self._close_deadline = now + t.close_timeout
+            self._pong_deadline = None
+            self._closed_error = err
+
+    def next_deadline(self) -> float | None:
+        """The earliest time at which handle_timer() has something to do."""
+        t = self.config.timers
+        candidates = [d for d in (self._hello_deadline, self._close_deadline) if d is not None]
+        if self.state is State.ESTABLISHED:
+            if self._pong_deadline is not None:
+                candidates.append(self._pong_deadline)
+            else:
+                candidates.append(self._last_received + t.ping_interval)
+            candidates.append(self._last_data + t.session_timeout)
+        return min(candidates) if candidates else None
+
+    # -- outputs --------------------------------------------------------------------------------
+
+    @property
+    def has_output(self) -> bool:
+        return bool(self._outputs)
+
+    def data_to_send(self) -> list[Output]:
+        out = list(self._outputs)
+        self._outputs.clear()
+        return out
+
+    def next_event(self) -> Event | None:
+        return self._events.popleft() if self._events else None
+
+    @property
+    def session_id(self) -> str | None:
+        return self._session_id
+
+    @property
+    def closed(self) -> Closed | None:
+        return self._closed_event
+
+    # -- message handlers -------------------------------------------------------------------------
+
+    def _on_hello(self, _sid: str | None, payload: Any, now: float) -> None:
+        if self.role is not Role.SERVER or self.state is not State.INITIAL:
+            self._protocol_violation(f"unexpected HELLO in state {self.state.value}", "UNEXPECTED_MESSAGE")
+            return
+        assert isinstance(payload, Capabilities)
+        cfg = self.config
+        result = negotiate_server(
+            payload,
+            algorithms=cfg.algorithms,
+            encodings=cfg.resolved_encodings(),
+            max_payload=cfg.max_payload,
+            identity=cfg.identity,
+        )
+        if isinstance(result, Refusal):
+            self._reject(result.code, result.message)
+            return
+        self._session_id = self._new_session_id()
+        accept = accept_capabilities(self._own_capabilities(), result)
+        self._send_text(encode_message(MessageType.ACCEPT, accept, session_id=self._session_id))
+        self._establish(result, payload, now)
+
+    def _on_accept(self, sid: str | None, payload: Any, now: float) -> None:
+        if self.role is not Role.CLIENT or self.state is not State.HELLO_SENT:
+            self._protocol_violation(f"unexpected ACCEPT in state {self.state.value}", "UNEXPECTED_MESSAGE")
+            return
+        assert isinstance(payload, Capabilities)
+        if not sid:
+            self._protocol_violation("ACCEPT without a session_id", "MALFORMED_MESSAGE")
+            return
+        cfg = self.config
+        result = negotiate_client(
+            payload,
+            algorithms=cfg.algorithms,
+            encodings=cfg.resolved_encodings(),
+            preferred_encoding=cfg.resolved_preferred(),
+            max_payload=cfg.max_payload,
+        )
+        if isinstance(result, Refusal):
+            self._session_id = sid
+            self._protocol_violation(f"unusable ACCEPT: {result.message}", result.code)
+            return
+        self._session_id = sid
+        self._establish(result, payload, now)
+
+    def _on_reject(self, _sid: str | None, payload: Any, _now: float) -> None:
+        if self.role is not Role.CLIENT or self.state is not State.HELLO_SENT:
+            self._protocol_violation(f"unexpected REJECT in state {self.state.value}", "UNEXPECTED_MESSAGE")
+            return
+        assert isinstance(payload, Rejection)
+        err = SessionRejected(
+            f"server rejected the session: {payload.code}: {payload.message}", code=payload.code
+        )
+        self._finish(Closed(payload.code, payload.message, by_peer=True, error=err), CLOSE_NORMAL)
+
+    def _on_data(self, sid: str | None, payload: Any, now: float) -> None:
+        if self.state not in (State.ESTABLISHED, State.CLOSING):
+            expected = "HELLO" if self.role is Role.SERVER else "ACCEPT"
+            code = "DATA_BEFORE_HELLO" if self.role is Role.SERVER else "DATA_BEFORE_ACCEPT"
+            self._protocol_violation(f"DATA before {expected}: no session is established yet", code)
+            return
+        if sid != self._session_id:
+            self._protocol_violation(
+                f"DATA for session {sid!r} on session {self._session_id!r}", "UNKNOWN_SESSION"
+            )
+            return
+        assert isinstance(payload, DataPayload)
+        try:
+            decoded = decode_wire(payload.content, limits=self.config.limits)
+            if payload.content_type == "json":
+                value = loads_limited(decoded.content, limits=self.config.limits)
+                kind: Literal["text", "json"] = "json"
+            else:
+                value, kind = None, "text"
+        except (DecodeError, LimitExceeded) as exc:
+            self._protocol_violation(f"undecodable DATA ({payload.algorithm}): {exc}", "INVALID_DATA")
+            return
+        message = Message(
+            kind=kind,
+            algorithm=decoded.algorithm,
+            binary=False,
+            wire_bytes=_utf8_len(payload.content),
+            original_bytes=_utf8_len(decoded.content),
+            text=decoded.content,
+            value=value,
+        )
+        self._deliver(message, now)
+
+    def _on_ping(self, sid: str | None, _payload: Any, _now: float) -> None:
+        self._send_text(encode_message(MessageType.PONG, session_id=self._session_id or sid))
+
+    def _on_pong(self, _sid: str | None, _payload: Any, _now: float) -> None:
+        self._missed_pongs = 0
+        self._pong_deadline = None
+
+    def _on_close(self, _sid: str | None, payload: Any, _now: float) -> None:
+        reason = ""
+        code = "NORMAL"
+        if isinstance(payload, ClosePayload):
+            if isinstance(payload.reason, str):
+                code = payload.reason
+            if isinstance(payload.message, str):
+                reason = payload.message
+        if self.state is State.CLOSING:
+            self._finish(Closed(code, reason, by_peer=False, error=self._closed_error), CLOSE_NORMAL)
+            return
+        if self.state is State.ESTABLISHED:
+            self._send_close("NORMAL", "acknowledged")
+        self._finish(Closed(code, reason, by_peer=True), CLOSE_NORMAL)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _own_capabilities(self) -> Capabilities:
+        cfg = self.config
+        encodings = cfg.resolved_encodings()
+        return Capabilities(
+            version=PROTOCOL_VERSION,
+            agent_id=cfg.agent_id,
+            agent_type=cfg.agent_type,
+            compression=CompressionCaps(
+                algorithms=[a.value for a in cfg.algorithms],
+                max_payload=cfg.max_payload,
+                streaming=False,
+                ml_routing=False,
+                encodings=[e.reference_name for e in encodings],
+                preferred_encoding=cfg.resolved_preferred().reference_name,
+            ),
+            security=SecurityCaps(),
+            avp=LatentCaps(identity=cfg.identity) if cfg.identity is not None else LatentCaps(),
+        )
+
+    def _establish(self, result: Negotiated, peer: Capabilities, now: float) -> None:
+        assert self._session_id is not None
+        self.state = State.ESTABLISHED
+        self._hello_deadline = None
+        self._last_received = self._last_data = now
+        self.info = SessionInfo(
+            session_id=self._session_id,
+            role=self.role,
+            algorithms=result.algorithms,
+            encoding=result.encoding,
+            mode=result.mode,
+            mode_reason=result.mode_reason,
+            avp_map_id=result.avp_map_id,
+            max_payload=result.max_payload,
+            peer_agent_id=peer.agent_id,
+            peer_agent_type=peer.agent_type,
+            peer_version=peer.version,
+        )
+        self._events.append(Established(self.info))
+
+    def _require_established(self) -> SessionInfo:
+        if self.state is not State.ESTABLISHED or self.info is None:
+            if self._closed_event is not None:
+                c = self._closed_event
+                raise SessionClosed(f"session is closed ({c.code}: {c.reason})", code=c.code, reason=c.reason)
+            raise SessionClosed(f"session is {self.state.value}, not ESTABLISHED", code=self.state.value)
+        return self.info
+
+    def _check_payload_size(self, size: int, what: str) -> None:
+        assert self.info is not None
+        limit = self.info.max_payload or self.config.limits.max_message_bytes
+        if size > limit:
+            raise LimitExceeded(
+                f"{what} is {size} bytes, over the negotiated max_payload of {limit} bytes",
+                limit=limit,
+                actual=size,
+            )
+
+    def _deliver(self, message: Message, now: float) -> None:
+        self._last_data = now
+        s = self.stats
+        s.messages_received += 1
+        s.wire_bytes_received += message.wire_bytes
+        s.original_bytes_received += message.original_bytes
+        self._events.append(MessageReceived(message))
+
+    def _account_sent(self, sent: SentInfo, now: float) -> None:
+        self._last_data = now
+        s = self.stats
+        s.messages_sent += 1
+        s.original_bytes_sent += sent.original_bytes
+        s.wire_bytes_sent += sent.wire_bytes
+        key = sent.algorithm + ("/binary" if sent.binary and sent.algorithm != "avp" else "")
+        s.by_algorithm[key] = s.by_algorithm.get(key, 0) + 1
+
+    def _ping(self, now: float) -> None:
+        self._send_text(encode_message(MessageType.PING, session_id=self._session_id))
+        self._pong_deadline = now + self.config.timers.pong_timeout
+
+    def _send_text(self, text: str) -> None:
+        self._queue_output(SendMessage(text))
+
+    def _queue_output(self, out: Output) -> None:
+        self._outputs.append(out)
+        self.outputs_total += 1
+
+    def _send_close(self, code: str, message: str) -> None:
+        self._send_text(
+            encode_message(
+                MessageType.CLOSE, ClosePayload(reason=code, message=message), session_id=self._session_id
+            )
+        )
+
+    def _reject(self, code: str, message: str) -> None:
+        self._send_text(encode_message(MessageType.REJECT, Rejection(code=code, message=message)))
+        err = SessionRejected(f"rejected the client's HELLO: {code}: {message}", code=code)
+        self._finish(Closed(code, message, by_peer=False, error=err), CLOSE_NORMAL)
+
+    def _protocol_violation(self, message: str, code: str) -> None:
+        self._fail(ProtocolError(message, code=code), code, CLOSE_PROTOCOL_ERROR)
+
+    def _fail(self, err: M2MError, code: str, close_code: int) -> None:
+        """The peer broke the rules: tell it why (REJECT before a session exists, else CLOSE), then end."""
+        if self.state is State.INITIAL and self.role is Role.SERVER:
+            self._send_text(
+                encode_message(MessageType.REJECT, Rejection(code="UNKNOWN", message=f"{code}: {err}"))
+            )
+        elif self.state in (State.ESTABLISHED, State.CLOSING, State.HELLO_SENT):
+            self._send_close(code, str(err))
+        log.warning("session %s: %s: %s", self._session_id or "-", code, err)
+        self._finish(Closed(code, str(err), by_peer=False, error=err), close_code)
+
+    def _finish(self, event: Closed, close_code: int | None) -> None:
+        self.state = State.CLOSED
+        self._hello_deadline = self._close_deadline = self._pong_deadline = None
+        self._closed_event = event
+        self._events.append(event)
+        if close_code is not None:
+            self._queue_output(CloseTransport(close_code, event.code[:100]))
+
+
+_Handler = Callable[[SessionProtocol, str | None, Any, float], None]
+_HANDLERS: dict[MessageType, _Handler] = {
+    MessageType.HELLO: SessionProtocol._on_hello,
+    MessageType.ACCEPT: SessionProtocol._on_accept,
+    MessageType.REJECT: SessionProtocol._on_reject,
+    MessageType.DATA: SessionProtocol._on_data,
+    MessageType.PING: SessionProtocol._on_ping,
+    MessageType.PONG: SessionProtocol._on_pong,
+    MessageType.CLOSE: SessionProtocol._on_close,
+}

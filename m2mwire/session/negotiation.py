@@ -1,0 +1,202 @@
+"""HELLO/ACCEPT negotiation: the seed's rules (section 5.8), pure functions.
+
+Unlike the existing implementation (which picks one algorithm per side and answers with its own full
+capabilities), ACCEPT carries the negotiated result: the intersection of algorithms in the client's
+order, exactly one encoding, the smaller max_payload, and the resolved latent mode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from m2mwire.codecs import Algorithm, Encoding, resolve_algorithm, resolve_encoding
+from m2mwire.errors import M2MError
+from m2mwire.schemas.identity import ModelIdentity
+from m2mwire.schemas.messages import PROTOCOL_VERSION, Capabilities, CompressionCaps, LatentCaps
+from m2mwire.session.mode import resolve_mode
+
+__all__ = [
+    "CANONICAL_ENCODING",
+    "Negotiated",
+    "Refusal",
+    "accept_capabilities",
+    "negotiate_client",
+    "negotiate_server",
+    "parse_algorithms",
+    "parse_encodings",
+    "version_compatible",
+]
+
+CANONICAL_ENCODING = Encoding.CL100K
+# The docs number the same protocol "1.x"; the code has always said "3.0". Both majors interoperate.
+_COMPATIBLE_MAJORS = frozenset({"1", "3"})
+
+
+@dataclass(frozen=True, slots=True)
+class Negotiated:
+    """What both ends agreed on."""
+
+    algorithms: tuple[Algorithm, ...]
+    encoding: Encoding
+    max_payload: int  # 0 = unlimited
+    mode: str  # "LATENT" or "JSON"
+    mode_reason: str
+    avp_map_id: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a HELLO was refused: a seed REJECT code and a message for humans."""
+
+    code: str
+    message: str
+
+
+def version_compatible(version: str) -> bool:
+    return version.split(".", 1)[0] in _COMPATIBLE_MAJORS
+
+
+def parse_algorithms(names: Iterable[str]) -> list[Algorithm]:
+    """Map wire names (any spelling we know) to algorithms, dropping unknown ones and duplicates."""
+    out: list[Algorithm] = []
+    for name in names:
+        try:
+            alg = resolve_algorithm(name)
+        except M2MError:
+            continue  # e.g. the reference's "m2m": we cannot speak it, so it is not common
+        if alg is not Algorithm.ZLIB and alg not in out:
+            out.append(alg)
+    return out
+
+
+def parse_encodings(names: Iterable[str]) -> list[Encoding]:
+    out: list[Encoding] = []
+    for name in names:
+        try:
+            enc = resolve_encoding(name)
+        except M2MError:
+            continue
+        if enc not in out:
+            out.append(enc)
+    return out
+
+
+def _pick_encoding(
+    preferred: Encoding | None, theirs_in_order: Sequence[Encoding], ours: Sequence[Encoding]
+) -> Encoding:
+    if preferred is not None and preferred in ours:
+        return preferred
+    for enc in theirs_in_order:
+        if enc in ours:
+            return enc
+    return CANONICAL_ENCODING
+
+
+def _min_payload(a: int, b: int) -> int:
+    if a <= 0:
+        return max(b, 0)
+    if b <= 0:
+        return a
+    return min(a, b)
+
+
+def _preferred(name: str) -> Encoding | None:
+    try:
+        return resolve_encoding(name)
+    except M2MError:
+        return None
+
+
+def negotiate_server(
+    hello: Capabilities,
+    *,
+    algorithms: Sequence[Algorithm],
+    encodings: Sequence[Encoding],
+    max_payload: int,
+    identity: ModelIdentity | None,
+) -> Negotiated | Refusal:
+    """The server's decision on a client's HELLO."""
+    if not version_compatible(hello.version):
+        return Refusal("VERSION_MISMATCH", f"Version {hello.version} not compatible with {PROTOCOL_VERSION}")
+    theirs = parse_algorithms(hello.compression.algorithms)
+    common = tuple(a for a in theirs if a in algorithms)
+    if not common:
+        offered = ", ".join(hello.compression.algorithms) or "none"
+        ours = ", ".join(a.value for a in algorithms)
+        return Refusal(
+            "NO_COMMON_ALGORITHM",
+            f"No common compression algorithm (client offered: {offered}; server supports: {ours})",
+        )
+    their_encodings = parse_encodings(hello.compression.encodings)
+    encoding = _pick_encoding(_preferred(hello.compression.preferred_encoding), their_encodings, encodings)
+    remote_identity = hello.avp.identity if isinstance(hello.avp, LatentCaps) else None
+    resolution = resolve_mode(identity, remote_identity)
+    return Negotiated(
+        algorithms=common,
+        encoding=encoding,
+        max_payload=_min_payload(max_payload, hello.compression.max_payload),
+        mode=resolution.mode,
+        mode_reason=resolution.reason,
+        avp_map_id=resolution.avp_map_id,
+    )
+
+
+def accept_capabilities(server_caps: Capabilities, result: Negotiated) -> Capabilities:
+    """The ACCEPT payload: the server's identity fields with the negotiated compression and mode."""
+    identity = server_caps.avp.identity if isinstance(server_caps.avp, LatentCaps) else None
+    return Capabilities(
+        version=PROTOCOL_VERSION,
+        agent_id=server_caps.agent_id,
+        agent_type=server_caps.agent_type,
+        compression=CompressionCaps(
+            algorithms=[a.value for a in result.algorithms],
+            max_payload=result.max_payload,
+            streaming=server_caps.compression.streaming,
+            ml_routing=server_caps.compression.ml_routing,
+            encodings=[result.encoding.reference_name],
+            preferred_encoding=result.encoding.reference_name,
+        ),
+        security=server_caps.security,
+        extensions=server_caps.extensions,
+        avp=LatentCaps(
+            identity=identity, mode=result.mode, reason=result.mode_reason, avp_map_id=result.avp_map_id
+        ),
+    )
+
+
+def negotiate_client(
+    accept: Capabilities,
+    *,
+    algorithms: Sequence[Algorithm],
+    encodings: Sequence[Encoding],
+    preferred_encoding: Encoding | None,
+    max_payload: int,
+) -> Negotiated | Refusal:
+    """The client's view of an ACCEPT.
+
+    Works both with our servers (ACCEPT holds the negotiated set) and with servers that answer with
+    their full capabilities, as the existing implementation does: the client intersects again.
+    """
+    if not version_compatible(accept.version):
+        return Refusal("VERSION_MISMATCH", f"Version {accept.version} not compatible with {PROTOCOL_VERSION}")
+    theirs = parse_algorithms(accept.compression.algorithms)
+    common = tuple(a for a in algorithms if a in theirs)
+    if not common:
+        return Refusal("NO_COMMON_ALGORITHM", "ACCEPT lists no algorithm this client offered")
+    their_encodings = parse_encodings(accept.compression.encodings)
+    if len(their_encodings) == 1 and their_encodings[0] in encodings:
+        encoding = their_encodings[0]
+    else:
+        encoding = _pick_encoding(preferred_encoding, their_encodings, encodings)
+    latent = accept.avp if isinstance(accept.avp, LatentCaps) else None
+    mode = latent.mode if latent is not None and latent.mode is not None else "JSON"
+    reason = (latent.reason or "") if latent is not None else "no_identity"
+    return Negotiated(
+        algorithms=common,
+        encoding=encoding,
+        max_payload=_min_payload(max_payload, accept.compression.max_payload),
+        mode=mode,
+        mode_reason=reason,
+        avp_map_id=latent.avp_map_id if latent is not None else "",
+    )

@@ -1,0 +1,250 @@
+"""WebSocket transport: one session per WebSocket connection (websockets' asyncio API).
+
+Text messages carry JSON envelopes; binary messages carry TokenNative binary and AVP frames.
+permessage-deflate is always off: we compress ourselves, and deflate on tensor frames was measured
+60x slower. websockets' own keepalive pings are off too: the session's PING/PONG does that job.
+
+Received messages are pushed to the session straight from the connection's ``data_received``
+(a ``process_event`` override, websockets' documented extension point) instead of going through
+websockets' message queue and a reader task: that saves an event-loop hop per message.
+Backpressure then works at the socket: when the session's inbox is full we pause reading.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl as ssl_module
+from collections import deque
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.client import connect as ws_connect
+from websockets.asyncio.server import Server, ServerConnection
+from websockets.asyncio.server import serve as ws_serve
+from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidHandshake, InvalidURI
+from websockets.frames import CloseCode, Frame, Opcode
+from websockets.protocol import Event
+
+from m2mwire.errors import TransportError
+from m2mwire.transport.base import Message, OutgoingMessage
+
+__all__ = ["WebSocketChannel", "connect_websocket", "serve_websocket"]
+
+_WRITE_LIMIT = 4 * 1024 * 1024
+
+OnMessage = Callable[[Message], None]
+OnLost = Callable[[TransportError], None]
+
+
+class _PushMixin:
+    """Assemble data frames into messages and hand each to a callback (or buffer until one is set)."""
+
+    protocol: Any
+    transport: Any
+    send_data: Callable[[], None]
+
+    def _m2m_init(self) -> None:
+        self.m2m_on_message: OnMessage | None = None
+        self.m2m_on_lost: OnLost | None = None
+        self.m2m_early: deque[Message] = deque()
+        self.m2m_lost: TransportError | None = None
+        self._m2m_frags: list[bytes] | None = None
+        self._m2m_text = False
+        self.m2m_waiter: asyncio.Future[None] | None = None
+
+    def process_event(self, event: Event) -> None:
+        if not isinstance(event, Frame) or event.opcode not in (Opcode.TEXT, Opcode.BINARY, Opcode.CONT):
+            super().process_event(event)  # type: ignore[misc]  # handshake events, pings, pongs
+            return
+        if event.opcode is Opcode.CONT:
+            if self._m2m_frags is None:
+                return  # the protocol layer already failed the connection for this
+            self._m2m_frags.append(bytes(event.data))
+            if not event.fin:
+                return
+            data, self._m2m_frags = b"".join(self._m2m_frags), None
+            is_text = self._m2m_text
+        elif not event.fin:
+            self._m2m_frags, self._m2m_text = [bytes(event.data)], event.opcode is Opcode.TEXT
+            return
+        else:
+            data, is_text = bytes(event.data), event.opcode is Opcode.TEXT
+        if is_text:
+            try:
+                message: Message = data.decode()
+            except UnicodeDecodeError as exc:
+                self.protocol.fail(CloseCode.INVALID_DATA, f"{exc.reason} at position {exc.start}")
+                self.send_data()  # data_received flushed before processing events: flush the close
+                return
+        else:
+            message = data
+        if self.m2m_on_message is not None:
+            self.m2m_on_message(message)
+        else:
+            self.m2m_early.append(message)
+            if self.m2m_waiter is not None and not self.m2m_waiter.done():
+                self.m2m_waiter.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        super().connection_lost(exc)  # type: ignore[misc]
+        err = _closed(self.protocol.close_exc)
+        if self.m2m_on_lost is not None:
+            self.m2m_on_lost(err)
+        else:
+            self.m2m_lost = err
+            if self.m2m_waiter is not None and not self.m2m_waiter.done():
+                self.m2m_waiter.set_result(None)
+
+
+class _ClientConnection(_PushMixin, ClientConnection):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._m2m_init()
+
+
+class _ServerConnection(_PushMixin, ServerConnection):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._m2m_init()
+
+
+_Connection = _ClientConnection | _ServerConnection
+
+
+class WebSocketChannel:
+    """A :class:`~m2mwire.transport.base.Channel` over one websockets connection.
+
+    It also offers the push interface (``start_push``/``pause_reading``/``resume_reading``) that
+    the session uses to receive without a reader task; ``recv()`` works until push starts.
+    """
+
+    def __init__(self, connection: _Connection) -> None:
+        self._ws = connection
+
+    @property
+    def max_message_size(self) -> int:
+        return self._ws.protocol.max_message_size or 0
+
+    def set_max_message_size(self, size: int) -> None:
+        self._ws.protocol.max_message_size = size if size > 0 else None
+
+    @property
+    def remote_address(self) -> str:
+        addr = self._ws.remote_address
+        if isinstance(addr, tuple) and len(addr) >= 2:
+            return f"{addr[0]}:{addr[1]}"
+        return str(addr)
+
+    async def send(self, message: OutgoingMessage) -> None:
+        try:
+            if isinstance(message, str | bytes | bytearray | memoryview):
+                await self._ws.send(message)
+            elif len(message) == 1:
+                await self._ws.send(message[0])
+            else:
+                await self._ws.send(list(message))  # fragments of one binary message, no concatenation
+        except ConnectionClosed as exc:
+            raise _closed(exc) from exc
+
+    async def recv(self) -> Message:
+        ws = self._ws
+        while not ws.m2m_early:
+            if ws.m2m_lost is not None:
+                raise ws.m2m_lost
+            ws.m2m_waiter = asyncio.get_running_loop().create_future()
+            await ws.m2m_waiter
+        return ws.m2m_early.popleft()
+
+    def start_push(self, on_message: OnMessage, on_lost: OnLost) -> None:
+        """Deliver every message (including any already received) to ``on_message``, in order."""
+        ws = self._ws
+        while ws.m2m_early:
+            on_message(ws.m2m_early.popleft())
+        ws.m2m_on_message = on_message
+        if ws.m2m_lost is not None:
+            on_lost(ws.m2m_lost)
+        else:
+            ws.m2m_on_lost = on_lost
+
+    def pause_reading(self) -> None:
+        transport = self._ws.transport
+        if transport is not None and not transport.is_closing():
+            transport.pause_reading()
+
+    def resume_reading(self) -> None:
+        transport = self._ws.transport
+        if transport is not None and not transport.is_closing():
+            transport.resume_reading()
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        await self._ws.close(code, reason)
+
+
+def _closed(exc: ConnectionClosed) -> TransportError:
+    frame = exc.rcvd or exc.sent
+    code = frame.code if frame is not None else 1006
+    reason = frame.reason if frame is not None else ""
+    clean = isinstance(exc, ConnectionClosedOK)
+    detail = f"{code} {reason}".strip()
+    return TransportError(f"WebSocket closed ({detail})", code=code, reason=reason, clean=clean)
+
+
+def _max_size(max_message_size: int) -> int | None:
+    return max_message_size if max_message_size > 0 else None
+
+
+async def connect_websocket(
+    url: str,
+    *,
+    max_message_size: int,
+    ssl: ssl_module.SSLContext | None = None,
+    open_timeout: float = 10.0,
+    **extra: Any,
+) -> WebSocketChannel:
+    """Open a WebSocket connection and wrap it as a channel."""
+    try:
+        conn = await ws_connect(
+            url,
+            compression=None,
+            max_size=_max_size(max_message_size),
+            ping_interval=None,
+            write_limit=_WRITE_LIMIT,
+            ssl=ssl,
+            open_timeout=open_timeout,
+            create_connection=_ClientConnection,
+            **extra,
+        )
+    except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
+        raise TransportError(f"could not open WebSocket {url}: {exc}") from exc
+    assert isinstance(conn, _ClientConnection)
+    return WebSocketChannel(conn)
+
+
+async def serve_websocket(
+    handler: Callable[[WebSocketChannel], Awaitable[None]],
+    host: str,
+    port: int,
+    *,
+    max_message_size: int,
+    ssl: ssl_module.SSLContext | None = None,
+    **extra: Any,
+) -> Server:
+    """Start a WebSocket server calling ``handler(channel)`` once per connection."""
+
+    async def on_connection(connection: ServerConnection) -> None:
+        assert isinstance(connection, _ServerConnection)
+        await handler(WebSocketChannel(connection))
+
+    return await ws_serve(
+        on_connection,
+        host,
+        port,
+        compression=None,
+        max_size=_max_size(max_message_size),
+        ping_interval=None,
+        write_limit=_WRITE_LIMIT,
+        ssl=ssl,
+        create_connection=_ServerConnection,
+        **extra,
+    )

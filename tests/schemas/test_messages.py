@@ -1,0 +1,223 @@
+"""Session messages against the existing implementation's vectors, and the liberal reading rules."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+from m2mwire.schemas.identity import ModelIdentity
+
+from m2mwire.errors import LimitExceeded, ProtocolError
+from m2mwire.schemas.messages import (
+    Capabilities,
+    ClosePayload,
+    CompressionCaps,
+    DataPayload,
+    LatentCaps,
+    MessageType,
+    Rejection,
+    SecurityCaps,
+    decode_message,
+    encode_message,
+    json_schema,
+)
+
+VECTORS: dict[str, Any] = json.loads(
+    (Path(__file__).resolve().parents[3] / "shared" / "reference" / "m2m-reference-vectors.json").read_text()
+)
+
+RAW_KEYS = [
+    "msg_hello_raw",
+    "msg_accept_raw",
+    "msg_reject_raw",
+    "msg_reject2_raw",
+    "msg_data_raw",
+    "msg_data_sec_raw",
+    "msg_ping_raw",
+    "msg_pong_raw",
+    "msg_close_raw",
+]
+
+
+@pytest.mark.parametrize("key", RAW_KEYS)
+def test_reference_messages_parse(key: str) -> None:
+    raw = VECTORS[key]
+    msg = decode_message(raw)
+    ref = json.loads(raw)
+    assert msg.type is MessageType(ref["type"])
+    assert msg.session_id == ref.get("session_id")
+    assert msg.timestamp == ref["timestamp"]
+
+
+def test_reference_hello_fields() -> None:
+    msg = decode_message(VECTORS["msg_hello_raw"])
+    caps = msg.payload
+    assert isinstance(caps, Capabilities)
+    assert caps.version == "3.0"
+    assert caps.agent_type == "m2m-rust"
+    assert caps.compression.algorithms == ["m2m", "tokennative", "brotli", "none"]
+    assert caps.compression.encodings == ["Cl100kBase", "O200kBase"]
+    assert caps.security.block_threshold == 0.8
+    assert caps.avp is msgspec.UNSET
+
+
+def test_reference_reject_and_data_payloads() -> None:
+    rej = decode_message(VECTORS["msg_reject2_raw"]).payload
+    assert rej == Rejection(code="VERSION_MISMATCH", message="Version 1.0 not compatible with 3.0")
+    data = decode_message(VECTORS["msg_data_raw"]).payload
+    assert isinstance(data, DataPayload)
+    assert (data.algorithm, data.content) == ("tokennative", "#TK|C|sk0L/Q4A")
+    # extra reference field security_status is ignored, not an error
+    sec = decode_message(VECTORS["msg_data_sec_raw"]).payload
+    assert isinstance(sec, DataPayload) and sec.algorithm == "m2m"
+
+
+def _caps(**extra: Any) -> Capabilities:
+    return Capabilities(
+        version="3.0",
+        agent_id="00000000-0000-4000-8000-000000000001",
+        agent_type="m2m-rust",
+        compression=CompressionCaps(
+            algorithms=["m2m", "tokennative", "brotli", "none"],
+            max_payload=0,
+            streaming=True,
+            ml_routing=False,
+            encodings=["Cl100kBase", "O200kBase"],
+            preferred_encoding="Cl100kBase",
+        ),
+        security=SecurityCaps(),
+        **extra,
+    )
+
+
+def test_our_hello_is_byte_identical_to_reference_shape() -> None:
+    # Same values as the reference vector: our serialisation must produce its exact bytes.
+    ours = encode_message(MessageType.HELLO, _caps(), timestamp=1705520400000)
+    assert ours == VECTORS["msg_hello_raw"]
+
+
+def test_our_control_messages_match_reference_bytes() -> None:
+    assert encode_message(MessageType.PING, session_id="sid", timestamp=1) == VECTORS["msg_ping_raw"]
+    assert encode_message(MessageType.PONG, session_id="sid", timestamp=2) == VECTORS["msg_pong_raw"]
+    assert (
+        encode_message(
+            MessageType.REJECT,
+            Rejection(code="NO_COMMON_ALGORITHM", message="No common compression algorithm"),
+            timestamp=1705520400100,
+        )
+        == VECTORS["msg_reject_raw"]
+    )
+    assert (
+        encode_message(
+            MessageType.DATA,
+            DataPayload(algorithm="tokennative", content="#TK|C|sk0L/Q4A"),
+            session_id="00000000-0000-4000-8000-00000000abcd",
+            timestamp=1705520401000,
+        )
+        == VECTORS["msg_data_raw"]
+    )
+
+
+def test_hello_has_every_field_the_reference_requires() -> None:
+    ident = ModelIdentity(
+        model_family="llama", model_id="m", model_hash="ab" * 32, hidden_dim=8, num_layers=2
+    )
+    text = encode_message(MessageType.HELLO, _caps(avp=LatentCaps(identity=ident)))
+    obj = json.loads(text)
+    assert "session_id" not in obj  # omitted, not null
+    payload = obj["payload"]
+    for key in ("version", "agent_id", "agent_type", "compression", "security"):
+        assert key in payload
+    for key in ("algorithms", "max_payload", "streaming", "ml_routing"):
+        assert key in payload["compression"]
+    for key in ("threat_detection", "blocking_mode", "block_threshold"):
+        assert key in payload["security"]
+    assert payload["avp"]["identity"]["model_hash"] == "ab" * 32
+    # and it parses back
+    back = decode_message(text).payload
+    assert isinstance(back, Capabilities) and isinstance(back.avp, LatentCaps)
+    assert back.avp.identity == ident
+
+
+def test_docs_flat_hello_is_understood() -> None:
+    doc = {
+        "type": "HELLO",
+        "session_id": None,
+        "payload": {
+            "version": "1.0",
+            "algorithms": ["TOKEN", "TOKEN_NATIVE", "BROTLI"],
+            "encodings": ["CL100K_BASE", "O200K_BASE"],
+            "preferred_encoding": "O200K_BASE",
+            "security_scanning": True,
+            "max_payload_size": 1048576,
+            "supports_streaming": True,
+            "session_timeout_ms": 300000,
+        },
+        "timestamp": 1705520400000,
+    }
+    msg = decode_message(json.dumps(doc))
+    caps = msg.payload
+    assert isinstance(caps, Capabilities)
+    assert msg.session_id is None
+    assert caps.version == "1.0"
+    assert caps.compression.algorithms == ["TOKEN", "TOKEN_NATIVE", "BROTLI"]
+    assert caps.compression.max_payload == 1048576
+    assert caps.compression.preferred_encoding == "O200K_BASE"
+    assert caps.security.threat_detection is True
+
+
+def test_docs_close_with_reason_is_read() -> None:
+    msg = decode_message(
+        '{"type":"CLOSE","session_id":"s","payload":{"reason":"done","message":"bye"},"timestamp":1}'
+    )
+    assert msg.payload == ClosePayload(reason="done", message="bye")
+
+
+def test_missing_payload_on_ping_is_fine_and_timestamp_optional() -> None:
+    msg = decode_message('{"type":"PING","session_id":"s"}')
+    assert msg.type is MessageType.PING and msg.timestamp == 0
+
+
+def test_unknown_type_is_reported_not_an_error() -> None:
+    msg = decode_message('{"type":"ping","payload":{},"timestamp":1}')
+    assert msg.type is None and msg.type_name == "ping"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "not json",
+        "[1,2]",
+        '{"payload":{},"timestamp":1}',  # no type
+        '{"type":"HELLO","payload":{},"timestamp":1}',  # empty caps: the reference would call this Empty
+        '{"type":"HELLO","payload":{"version":"3.0"},"timestamp":1}',
+        '{"type":"REJECT","payload":{"message":"x"},"timestamp":1}',
+        '{"type":"DATA","session_id":"s","payload":{"algorithm":"none"},"timestamp":1}',
+        '{"type":"DATA","session_id":"s","timestamp":1}',
+        '{"type":"HELLO","payload":"str","timestamp":1}',
+        '{"type":"DATA","session_id":"s","payload":{"algorithm":"none","content":"x"},"timestamp":"soon"}',
+    ],
+)
+def test_shapeless_messages_are_protocol_errors(raw: str) -> None:
+    with pytest.raises(ProtocolError) as info:
+        decode_message(raw)
+    assert info.value.code == "MALFORMED_MESSAGE"
+
+
+def test_oversized_message_rejected_before_parsing() -> None:
+    from m2mwire.codecs.limits import Limits
+
+    with pytest.raises(LimitExceeded):
+        decode_message(
+            '{"type":"PING","payload":{},"timestamp":1}' + " " * 100, limits=Limits(max_message_bytes=50)
+        )
+
+
+def test_json_schema_exported_file_is_current() -> None:
+    exported = Path(__file__).resolve().parents[2] / "m2mwire" / "schemas" / "session.schema.json"
+    assert json.loads(exported.read_text()) == json_schema(), "run `python -m m2mwire schema` to regenerate"
+    defs = json_schema()["$defs"]
+    assert {"Envelope", "Capabilities", "DataPayload", "Rejection", "ClosePayload"} <= set(defs)

@@ -1,0 +1,574 @@
+"""The sans-I/O session core: every state transition, violation and timer, without sockets or sleeps."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+from m2mwire.schemas.identity import ModelIdentity
+
+from m2mwire import avp
+from m2mwire.codecs import Algorithm, Encoding, decompress
+from m2mwire.codecs.limits import Limits
+from m2mwire.errors import (
+    EncodeError,
+    LimitExceeded,
+    ModeError,
+    ProtocolError,
+    SessionClosed,
+    SessionRejected,
+    SessionTimeout,
+)
+from m2mwire.session.config import SessionConfig, Timers
+from m2mwire.session.core import (
+    Closed,
+    CloseTransport,
+    Established,
+    Message,
+    MessageReceived,
+    Role,
+    SendMessage,
+    SessionProtocol,
+    State,
+)
+
+IDENT = ModelIdentity(model_family="llama", model_id="tiny", model_hash="ab" * 32, hidden_dim=8, num_layers=2)
+
+
+def cfg(**kw: Any) -> SessionConfig:
+    base = SessionConfig(encodings=(Encoding.CL100K, Encoding.O200K))
+    return replace(base, **kw)
+
+
+def drain(p: SessionProtocol) -> list[Any]:
+    out: list[Any] = []
+    while (e := p.next_event()) is not None:
+        out.append(e)
+    return out
+
+
+def pump(src: SessionProtocol, dst: SessionProtocol, now: float = 0.0) -> list[CloseTransport]:
+    """Deliver everything src wants to send to dst; returns src's CloseTransport outputs."""
+    closes = []
+    for out in src.data_to_send():
+        if isinstance(out, CloseTransport):
+            closes.append(out)
+        elif isinstance(out.message, str):
+            dst.receive_text(out.message, now)
+        else:
+            dst.receive_binary(b"".join(bytes(memoryview(b)) for b in out.message), now)
+    return closes
+
+
+def texts(p: SessionProtocol) -> list[dict[str, Any]]:
+    return [json.loads(o.message) for o in p.data_to_send() if isinstance(o, SendMessage) and not o.binary]
+
+
+def pair(
+    client_cfg: SessionConfig | None = None, server_cfg: SessionConfig | None = None
+) -> tuple[SessionProtocol, SessionProtocol]:
+    c = SessionProtocol(Role.CLIENT, client_cfg or cfg())
+    s = SessionProtocol(Role.SERVER, server_cfg or cfg())
+    c.initiate(0.0)
+    s.initiate(0.0)
+    pump(c, s)
+    pump(s, c)
+    return c, s
+
+
+def test_handshake_establishes_both_ends() -> None:
+    c, s = pair()
+    assert c.state is s.state is State.ESTABLISHED
+    (ce,) = drain(c)
+    (se,) = drain(s)
+    assert isinstance(ce, Established) and isinstance(se, Established)
+    assert ce.info.session_id == se.info.session_id
+    assert len(ce.info.session_id) == 36  # UUID text
+    assert ce.info.algorithms == se.info.algorithms
+    assert ce.info.encoding is se.info.encoding is Encoding.CL100K
+    assert ce.info.mode == "JSON" and ce.info.mode_reason == "no_identity"
+
+
+def test_hello_on_the_wire() -> None:
+    c = SessionProtocol(Role.CLIENT, cfg(algorithms=(Algorithm.BROTLI, Algorithm.TOKENNATIVE)))
+    c.initiate(0.0)
+    assert c.state is State.HELLO_SENT
+    (hello,) = texts(c)
+    assert hello["type"] == "HELLO" and "session_id" not in hello
+    assert hello["payload"]["compression"]["algorithms"] == ["brotli", "tokennative"]
+    assert hello["payload"]["compression"]["encodings"] == ["Cl100kBase", "O200kBase"]
+    assert hello["payload"]["version"] == "3.0"
+
+
+def test_latent_mode_with_matching_identities() -> None:
+    c, s = pair(cfg(identity=IDENT), cfg(identity=IDENT))
+    assert c.info is not None and s.info is not None
+    assert c.info.mode == s.info.mode == "LATENT"
+    assert c.info.mode_reason == "hash_match"
+
+
+def test_data_round_trip_in_order_with_every_algorithm() -> None:
+    c, s = pair()
+    drain(c), drain(s)
+    contents: list[Any] = ["hello", {"model": "gpt-4o", "messages": [{"role": "user", "content": "Hi"}]}]
+    contents += ["x" * 2000, "short", ["a", 1, None]]
+    algs = [None, Algorithm.TOKEN, Algorithm.BROTLI, Algorithm.TOKENNATIVE, Algorithm.NONE]
+    for content, alg in zip(contents, algs, strict=True):
+        c.send(content, 1.0, algorithm=alg)
+    pump(c, s, 1.0)
+    received = [e.message for e in drain(s) if isinstance(e, MessageReceived)]
+    assert [m.kind for m in received] == ["text", "json", "text", "text", "json"]
+    assert [received[i].text for i in (0, 2, 3)] == [contents[0], contents[2], contents[3]]
+    assert received[4].value == ["a", 1, None]
+    assert received[1].kind == "json" and received[1].algorithm == "token"
+    assert received[1].value["messages"] == [{"role": "user", "content": "Hi"}]
+    assert [m.algorithm for m in received[2:]] == ["brotli", "tokennative", "none"]
+    assert c.stats.messages_sent == 5 and s.stats.messages_received == 5
+    assert s.stats.wire_bytes_received == sum(m.wire_bytes for m in received)
+
+
+def test_tokennative_binary_frames() -> None:
+    c, s = pair()
+    sent = c.send("binary hello", 1.0, binary=True)
+    assert sent.binary and sent.algorithm == "tokennative"
+    (out,) = c.data_to_send()
+    assert isinstance(out, SendMessage) and out.binary
+    frame = b"".join(bytes(b) for b in out.message)
+    assert frame[0] == 0  # cl100k
+    s.receive_binary(frame, 1.0)
+    (msg,) = [e.message for e in drain(s) if isinstance(e, MessageReceived)]
+    assert (msg.kind, msg.text, msg.binary) == ("text", "binary hello", True)
+
+
+def test_avp_frame_in_latent_mode() -> None:
+    c, s = pair(cfg(identity=IDENT), cfg(identity=IDENT))
+    drain(s)
+    tensor = np.arange(8, dtype=np.float32)
+    parts = avp.encode_parts(tensor, model_id="tiny", session_id=c.info.session_id if c.info else "")
+    c.send_frame(parts, 1.0)
+    pump(c, s, 1.0)
+    (msg,) = [e.message for e in drain(s) if isinstance(e, MessageReceived)]
+    assert msg.kind == "avp" and msg.avp is not None
+    np.testing.assert_array_equal(msg.avp.tensor(), tensor)
+
+
+def test_avp_frame_refused_in_json_mode_with_clear_error() -> None:
+    c, _ = pair()
+    parts = avp.encode_parts(np.zeros(4, dtype=np.float32))
+    with pytest.raises(ModeError, match="JSON mode"):
+        c.send_frame(parts, 1.0)
+    assert c.data_to_send() == []
+
+
+def test_avp_frame_received_in_json_mode_is_a_violation() -> None:
+    c, s = pair()
+    frame = avp.encode(np.zeros(4, dtype=np.float32))
+    s.receive_binary(frame, 1.0)
+    (closed,) = [e for e in drain(s) if isinstance(e, Closed)]
+    assert isinstance(closed.error, ProtocolError) and closed.error.code == "MODE_VIOLATION"
+
+
+def test_send_before_established_raises() -> None:
+    c = SessionProtocol(Role.CLIENT, cfg())
+    with pytest.raises(SessionClosed):
+        c.send("x", 0.0)
+    c.initiate(0.0)
+    with pytest.raises(SessionClosed):
+        c.send("x", 0.0)
+
+
+def test_send_unnegotiated_algorithm_raises_and_queues_nothing() -> None:
+    c, _ = pair(cfg(algorithms=(Algorithm.BROTLI, Algorithm.NONE)))
+    with pytest.raises(EncodeError, match="not negotiated"):
+        c.send("x", 1.0, algorithm=Algorithm.TOKENNATIVE)
+    with pytest.raises(EncodeError, match="tokennative was not negotiated"):
+        c.send("x", 1.0, binary=True)
+    assert c.data_to_send() == []
+
+
+def test_send_over_max_payload_raises_and_queues_nothing() -> None:
+    c, _ = pair(cfg(max_payload=1000), cfg(max_payload=500))
+    assert c.info is not None and c.info.max_payload == 500
+    with pytest.raises(LimitExceeded):
+        c.send("y" * 600, 1.0, algorithm=Algorithm.NONE)
+    assert c.data_to_send() == []
+    c.send("y" * 100, 1.0)
+    assert len(c.data_to_send()) == 1
+
+
+def test_send_rejects_non_json_content_types() -> None:
+    c, _ = pair()
+    with pytest.raises(EncodeError):
+        c.send(42, 1.0)  # type: ignore[arg-type]
+
+
+# -- rejections ---------------------------------------------------------------------------------
+
+
+def _raw_hello(**payload: Any) -> str:
+    base = {
+        "version": "3.0",
+        "agent_id": "a",
+        "agent_type": "t",
+        "compression": {
+            "algorithms": ["tokennative"],
+            "max_payload": 0,
+            "streaming": False,
+            "ml_routing": False,
+        },
+        "security": {"threat_detection": False, "blocking_mode": False, "block_threshold": 0.8},
+    }
+    base.update(payload)
+    return json.dumps({"type": "HELLO", "payload": base, "timestamp": 1})
+
+
+def test_version_mismatch_rejected() -> None:
+    s = SessionProtocol(Role.SERVER, cfg())
+    s.initiate(0.0)
+    s.receive_text(_raw_hello(version="2.0"), 0.0)
+    outs = s.data_to_send()
+    reject = json.loads(outs[0].message)  # type: ignore[union-attr]
+    assert reject["type"] == "REJECT" and reject["payload"]["code"] == "VERSION_MISMATCH"
+    assert "session_id" not in reject
+    assert isinstance(outs[1], CloseTransport)
+    assert s.state is State.CLOSED
+
+
+def test_no_common_algorithm_rejected_and_client_sees_it() -> None:
+    c = SessionProtocol(Role.CLIENT, cfg(algorithms=(Algorithm.DICTIONARY,)))
+    s = SessionProtocol(Role.SERVER, cfg(algorithms=(Algorithm.BROTLI,)))
+    c.initiate(0.0)
+    s.initiate(0.0)
+    pump(c, s)
+    pump(s, c)
+    (closed,) = drain(c)
+    assert isinstance(closed, Closed) and isinstance(closed.error, SessionRejected)
+    assert closed.error.code == "NO_COMMON_ALGORITHM"
+    assert c.state is State.CLOSED
+    assert isinstance(c.data_to_send()[-1], CloseTransport)
+
+
+def test_docs_flat_hello_with_version_1_is_accepted() -> None:
+    s = SessionProtocol(Role.SERVER, cfg())
+    s.initiate(0.0)
+    s.receive_text(
+        json.dumps(
+            {
+                "type": "HELLO",
+                "payload": {
+                    "version": "1.0",
+                    "algorithms": ["TOKEN_NATIVE", "BROTLI"],
+                    "encodings": ["O200K_BASE"],
+                    "preferred_encoding": "O200K_BASE",
+                    "max_payload_size": 2048,
+                },
+                "timestamp": 1,
+            }
+        ),
+        0.0,
+    )
+    assert s.state is State.ESTABLISHED
+    assert s.info is not None
+    assert s.info.algorithms == (Algorithm.TOKENNATIVE, Algorithm.BROTLI)
+    assert s.info.encoding is Encoding.O200K and s.info.max_payload == 2048
+
+
+# -- violations -----------------------------------------------------------------------------------
+
+
+def _violation(p: SessionProtocol) -> ProtocolError:
+    closed = [e for e in drain(p) if isinstance(e, Closed)]
+    assert closed, "expected the session to close"
+    assert isinstance(closed[-1].error, ProtocolError)
+    assert p.state is State.CLOSED
+    assert isinstance(p.data_to_send()[-1], CloseTransport)
+    return closed[-1].error
+
+
+def test_data_before_hello() -> None:
+    s = SessionProtocol(Role.SERVER, cfg())
+    s.initiate(0.0)
+    s.receive_text(
+        '{"type":"DATA","session_id":"x","payload":{"algorithm":"none","content":"hi"},"timestamp":1}', 0.0
+    )
+    outs = s.data_to_send()
+    assert json.loads(outs[0].message)["type"] == "REJECT"  # type: ignore[union-attr]
+    closed = [e for e in drain(s) if isinstance(e, Closed)]
+    assert isinstance(closed[0].error, ProtocolError) and closed[0].error.code == "DATA_BEFORE_HELLO"
+
+
+def test_data_before_accept() -> None:
+    c = SessionProtocol(Role.CLIENT, cfg())
+    c.initiate(0.0)
+    c.data_to_send()
+    c.receive_text(
+        '{"type":"DATA","session_id":"x","payload":{"algorithm":"none","content":"hi"},"timestamp":1}', 0.0
+    )
+    assert _violation(c).code == "DATA_BEFORE_ACCEPT"
+
+
+def test_data_on_wrong_session_id_closes_with_reason() -> None:
+    c, s = pair()
+    drain(s)
+    s.receive_text(
+        '{"type":"DATA","session_id":"nope","payload":{"algorithm":"none","content":"hi"},"timestamp":1}', 1.0
+    )
+    outs = s.data_to_send()
+    close = json.loads(outs[0].message)  # type: ignore[union-attr]
+    assert close["type"] == "CLOSE" and close["payload"]["reason"] == "UNKNOWN_SESSION"
+    assert isinstance(outs[1], CloseTransport)
+    assert s.state is State.CLOSED
+
+
+def test_binary_before_accept() -> None:
+    s = SessionProtocol(Role.SERVER, cfg())
+    s.initiate(0.0)
+    s.receive_binary(b"\x00\x01", 0.0)
+    closed = [e for e in drain(s) if isinstance(e, Closed)]
+    assert isinstance(closed[0].error, ProtocolError) and closed[0].error.code == "BINARY_BEFORE_ACCEPT"
+
+
+@pytest.mark.parametrize(
+    "frame", [b"", b"\x07abc", b"Zzz", b"\x00\xff\xff\xff\xff\xff\xff", b"AVgarbage-frame"]
+)
+def test_bad_binary_frames(frame: bytes) -> None:
+    c, s = pair(cfg(identity=IDENT), cfg(identity=IDENT))
+    drain(s)
+    s.receive_binary(frame, 1.0)
+    assert _violation(s).code in {"MALFORMED_MESSAGE", "INVALID_DATA"}
+
+
+@pytest.mark.parametrize(
+    "content", ["#TK|C|not-base64!", "#TK|X|sk0L/Q4A", "#T1|{broken", "#M2M[v3.0]|DATA:AAAA", "#ZZ|what"]
+)
+def test_undecodable_data_closes_session(content: str) -> None:
+    c, s = pair()
+    drain(s)
+    sid = s.session_id
+    s.receive_text(
+        json.dumps(
+            {
+                "type": "DATA",
+                "session_id": sid,
+                "payload": {"algorithm": "x", "content": content},
+                "timestamp": 1,
+            }
+        ),
+        1.0,
+    )
+    assert _violation(s).code == "INVALID_DATA"
+
+
+def test_invalid_json_content_type_is_a_violation() -> None:
+    c, s = pair()
+    drain(s)
+    s.receive_text(
+        json.dumps(
+            {
+                "type": "DATA",
+                "session_id": s.session_id,
+                "payload": {"algorithm": "none", "content": "{nope", "content_type": "json"},
+                "timestamp": 1,
+            }
+        ),
+        1.0,
+    )
+    assert _violation(s).code == "INVALID_DATA"
+
+
+def test_malformed_text_is_a_violation() -> None:
+    c, s = pair()
+    drain(s)
+    s.receive_text("garbage{", 1.0)
+    assert _violation(s).code == "MALFORMED_MESSAGE"
+
+
+def test_oversized_text_is_refused() -> None:
+    s = SessionProtocol(Role.SERVER, cfg(limits=Limits(max_message_bytes=100)))
+    s.initiate(0.0)
+    s.receive_text(_raw_hello() + " " * 200, 0.0)
+    assert s.state is State.CLOSED
+    assert isinstance(s.data_to_send()[-1], CloseTransport)
+
+
+def test_second_hello_and_stray_accept_are_violations() -> None:
+    c, s = pair()
+    drain(s)
+    s.receive_text(_raw_hello(), 1.0)
+    assert _violation(s).code == "UNEXPECTED_MESSAGE"
+    c2, s2 = pair()
+    drain(c2)
+    c2.receive_text(
+        json.dumps({"type": "REJECT", "payload": {"code": "UNKNOWN", "message": ""}, "timestamp": 1}), 1.0
+    )
+    assert _violation(c2).code == "UNEXPECTED_MESSAGE"
+
+
+def test_unknown_message_type_is_ignored_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    c, s = pair()
+    drain(s)
+    with caplog.at_level(logging.WARNING, logger="m2mwire.session"):
+        s.receive_text('{"type":"STATUS","session_id":"x","payload":{},"timestamp":1}', 1.0)
+    assert s.state is State.ESTABLISHED
+    assert s.data_to_send() == [] and drain(s) == []
+    assert "unknown type" in caplog.text
+
+
+def test_ping_answered_with_pong_in_order() -> None:
+    c, s = pair()
+    s.receive_text(
+        json.dumps({"type": "PING", "session_id": s.session_id, "payload": {}, "timestamp": 5}), 1.0
+    )
+    (pong,) = texts(s)
+    assert pong["type"] == "PONG" and pong["session_id"] == s.session_id and pong["payload"] == {}
+
+
+# -- close ----------------------------------------------------------------------------------------
+
+
+def test_orderly_close_from_client() -> None:
+    c, s = pair()
+    drain(c), drain(s)
+    c.close(1.0, "done")
+    assert c.state is State.CLOSING
+    pump(c, s, 1.0)
+    (sc,) = drain(s)
+    assert isinstance(sc, Closed) and sc.by_peer and sc.error is None and sc.reason == "done"
+    assert s.state is State.CLOSED
+    pump(s, c, 1.0)  # the acknowledgement
+    (cc,) = drain(c)
+    assert isinstance(cc, Closed) and not cc.by_peer and cc.error is None
+    assert c.state is State.CLOSED
+
+
+def test_data_in_flight_during_close_is_delivered() -> None:
+    c, s = pair()
+    drain(c), drain(s)
+    s.send("late", 1.0)
+    c.close(1.0)
+    pump(s, c, 1.0)
+    events = drain(c)
+    assert isinstance(events[0], MessageReceived) and events[0].message.text == "late"
+
+
+def test_close_before_established_ends_without_wire_close() -> None:
+    c = SessionProtocol(Role.CLIENT, cfg())
+    c.initiate(0.0)
+    c.data_to_send()
+    c.close(0.5)
+    assert c.state is State.CLOSED
+    outs = c.data_to_send()
+    assert len(outs) == 1 and isinstance(outs[0], CloseTransport)
+
+
+def test_transport_loss_closes_with_error() -> None:
+    c, s = pair()
+    drain(c)
+    c.transport_closed()
+    (closed,) = drain(c)
+    assert closed.code == "TRANSPORT_CLOSED" and isinstance(closed.error, SessionClosed)
+    with pytest.raises(SessionClosed):
+        c.send("x", 1.0)
+
+
+# -- timers -----------------------------------------------------------------------------------------
+
+T = Timers(
+    hello_timeout=3,
+    ping_interval=10,
+    pong_timeout=2,
+    max_missed_pongs=3,
+    close_timeout=1,
+    session_timeout=100,
+)
+
+
+def test_hello_timeout_client_and_server() -> None:
+    for role in (Role.CLIENT, Role.SERVER):
+        p = SessionProtocol(role, cfg(timers=T))
+        p.initiate(0.0)
+        assert p.next_deadline() == 3.0
+        p.handle_timer(2.9)
+        assert p.state is not State.CLOSED
+        p.handle_timer(3.0)
+        assert p.state is State.CLOSED
+        closed = [e for e in drain(p) if isinstance(e, Closed)][0]
+        assert isinstance(closed.error, SessionTimeout) and closed.code == "HELLO_TIMEOUT"
+
+
+def test_ping_when_idle_and_pong_resets() -> None:
+    c, s = pair(cfg(timers=T), cfg(timers=T))
+    c.data_to_send()
+    assert c.next_deadline() == 10.0
+    c.handle_timer(10.0)
+    (ping,) = texts(c)
+    assert ping["type"] == "PING"
+    assert c.next_deadline() == 12.0
+    c.receive_text(
+        json.dumps({"type": "PONG", "session_id": c.session_id, "payload": {}, "timestamp": 1}), 11.0
+    )
+    assert c.next_deadline() == 21.0  # next ping after another idle interval
+    # traffic postpones pings
+    c.receive_text(
+        json.dumps({"type": "PING", "session_id": c.session_id, "payload": {}, "timestamp": 1}), 20.0
+    )
+    assert c.next_deadline() == 30.0
+
+
+def test_three_missed_pongs_close_the_session() -> None:
+    c, _ = pair(cfg(timers=T))
+    c.data_to_send()
+    c.handle_timer(10.0)  # PING 1
+    c.handle_timer(12.0)  # missed 1 -> PING 2
+    c.handle_timer(14.0)  # missed 2 -> PING 3
+    assert c.state is State.ESTABLISHED
+    assert [m["type"] for m in texts(c)] == ["PING", "PING", "PING"]
+    c.handle_timer(16.0)  # missed 3 -> close
+    assert c.state is State.CLOSED
+    closed = [e for e in drain(c) if isinstance(e, Closed)][0]
+    assert closed.code == "PONG_TIMEOUT" and isinstance(closed.error, SessionTimeout)
+
+
+def test_close_timeout() -> None:
+    c, _ = pair(cfg(timers=T))
+    c.close(5.0)
+    assert c.next_deadline() == 6.0
+    c.handle_timer(6.0)
+    assert c.state is State.CLOSED
+    closed = [e for e in drain(c) if isinstance(e, Closed)][0]
+    assert isinstance(closed.error, SessionTimeout)
+
+
+def test_session_timeout_when_no_data() -> None:
+    timers = replace(T, ping_interval=1000)
+    c, s = pair(cfg(timers=timers), cfg(timers=timers))
+    drain(c)
+    c.send("keepalive", 50.0)
+    c.data_to_send()
+    assert c.next_deadline() == 150.0
+    c.handle_timer(150.0)
+    assert c.state is State.CLOSING
+    (close,) = texts(c)
+    assert close["type"] == "CLOSE" and close["payload"]["reason"] == "SESSION_TIMEOUT"
+    c.receive_text(
+        json.dumps({"type": "CLOSE", "session_id": c.session_id, "payload": {}, "timestamp": 1}), 150.5
+    )
+    closed = [e for e in drain(c) if isinstance(e, Closed)][0]
+    assert isinstance(closed.error, SessionTimeout)
+
+
+def test_message_object_json_helper() -> None:
+    msg = Message(kind="text", algorithm="none", binary=False, wire_bytes=2, original_bytes=2, text="[1]")
+    assert msg.json() == [1]
+
+
+def test_decompress_of_emitted_wire_matches() -> None:
+    c, _ = pair()
+    c.send("some text to check", 1.0, algorithm=Algorithm.BROTLI)
+    (out,) = texts(c)
+    assert decompress(out["payload"]["content"]) == "some text to check"
+    assert out["payload"]["original_size"] == len("some text to check")

@@ -1,0 +1,250 @@
+"""Sessions end to end over real transports: WebSocket (websockets) and QUIC (aioquic), on 127.0.0.1."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+from m2mwire.schemas.identity import ModelIdentity
+
+import m2mwire
+from m2mwire import avp
+from m2mwire.api import Server, Session, connect, serve
+from m2mwire.codecs import Algorithm, Encoding
+from m2mwire.errors import LimitExceeded, ModeError, SessionClosed, SessionRejected, SessionTimeout
+from m2mwire.session.config import Timers
+
+IDENT = ModelIdentity(
+    model_family="llama", model_id="tiny", model_hash="ab" * 32, hidden_dim=16, num_layers=2
+)
+
+TRANSPORTS = ["ws", "quic"]
+
+
+@pytest.fixture(params=TRANSPORTS)
+def scheme(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def client_opts(server: Server) -> dict[str, Any]:
+    return {"fingerprint": server.fingerprint} if server.fingerprint else {}
+
+
+async def echo(session: Session) -> None:
+    async for message in session:
+        if message.kind == "avp":
+            assert message.avp is not None
+            await session.send(bytes(message.avp.raw))
+        elif message.kind == "json":
+            await session.send(message.value)
+        else:
+            await session.send(message.text or "", binary=message.binary)
+
+
+@asynccontextmanager
+async def running(
+    handler: Callable[[Session], Awaitable[None]], scheme: str, **options: Any
+) -> AsyncIterator[Server]:
+    async with serve(handler, f"{scheme}://127.0.0.1:0", **options) as server:
+        yield server
+
+
+async def test_handshake_and_info(scheme: str) -> None:
+    seen: list[m2mwire.SessionInfo] = []
+
+    async def handler(session: Session) -> None:
+        seen.append(session.info)
+        await session.recv()
+
+    async with running(handler, scheme, algorithms=["brotli", "tokennative", "none"]) as server:
+        async with connect(
+            server.url,
+            algorithms=["tokennative", "brotli", "token"],
+            encodings=["o200k_base", "cl100k_base"],
+            preferred_encoding="o200k_base",
+            **client_opts(server),
+        ) as session:
+            await session.send("hi")
+            info = session.info
+            assert info.algorithms == (Algorithm.TOKENNATIVE, Algorithm.BROTLI)
+            assert info.encoding is Encoding.O200K
+            assert info.mode == "JSON"
+        await asyncio.sleep(0)
+    assert seen and seen[0].session_id == info.session_id
+    assert seen[0].algorithms == info.algorithms and seen[0].encoding is info.encoding
+
+
+async def test_every_kind_of_data_round_trips(scheme: str) -> None:
+    async with running(echo, scheme, identity=IDENT, max_payload=64 * 1024 * 1024) as server:
+        async with connect(server.url, identity=IDENT, token_stats=True, **client_opts(server)) as session:
+            assert session.info.mode == "LATENT"
+            request = {"model": "gpt-4o", "messages": [{"role": "user", "content": "Hello, wörld 👋"}]}
+            for alg in (None, "tokennative", "token", "brotli", "dictionary", "none"):
+                sent = await session.send(request, algorithm=alg)
+                reply = await session.recv()
+                assert reply.kind == "json"
+                assert reply.value["messages"] == request["messages"]
+                if alg:
+                    assert sent.algorithm == alg
+            await session.send("plain text ✓", binary=True)
+            reply = await session.recv()
+            assert (reply.text, reply.binary, reply.algorithm) == ("plain text ✓", True, "tokennative")
+            hidden = np.linspace(-1, 1, 16, dtype=np.float32)
+            await session.send(hidden)
+            reply = await session.recv()
+            assert reply.kind == "avp" and reply.avp is not None
+            np.testing.assert_array_equal(reply.avp.tensor(), hidden)
+            assert reply.avp.metadata.session_id == session.info.session_id
+            kv = avp.encode_kv_cache(
+                [(np.full((2, 3, 4), i, np.float16), np.full((2, 3, 4), -i, np.float16)) for i in range(2)]
+            )
+            await session.send(kv)
+            back = (await session.recv()).avp
+            assert back is not None and back.kv_cache().num_layers == 2
+            st = session.stats
+            assert st.messages_sent == 9 and st.wire_tokens_sent > 0 and st.original_tokens_sent > 0
+
+
+async def test_avp_in_json_mode_fails_clearly(scheme: str) -> None:
+    async with running(echo, scheme) as server:
+        async with connect(server.url, identity=IDENT, **client_opts(server)) as session:
+            assert session.info.mode == "JSON"
+            with pytest.raises(ModeError, match="JSON mode"):
+                await session.send(np.zeros(4, dtype=np.float32))
+            await session.send("still fine")
+            assert (await session.recv()).text == "still fine"
+
+
+async def test_reject_no_common_algorithm(scheme: str) -> None:
+    async with running(echo, scheme, algorithms=["brotli"]) as server:
+        with pytest.raises(SessionRejected) as info:
+            await connect(server.url, algorithms=["dictionary"], **client_opts(server))
+        assert info.value.code == "NO_COMMON_ALGORITHM"
+
+
+async def test_ordering_under_concurrent_sends(scheme: str) -> None:
+    async with running(echo, scheme) as server:
+        async with connect(server.url, **client_opts(server)) as session:
+
+            async def producer(k: int) -> None:
+                for i in range(15):
+                    await session.send({"k": k, "i": i}, algorithm="none")
+
+            receiver = asyncio.create_task(_collect(session, 8 * 15))
+            await asyncio.gather(*(producer(k) for k in range(8)))
+            got = await asyncio.wait_for(receiver, 30)
+    per_producer: dict[int, list[int]] = {}
+    for item in got:
+        per_producer.setdefault(item["k"], []).append(item["i"])
+    assert per_producer == {k: list(range(15)) for k in range(8)}
+
+
+async def _collect(session: Session, n: int) -> list[Any]:
+    return [(await session.recv()).value for _ in range(n)]
+
+
+async def test_many_concurrent_sessions_lose_nothing(scheme: str) -> None:
+    n = 200 if scheme == "ws" else 50
+
+    async with running(echo, scheme) as server:
+
+        async def one(k: int) -> list[str]:
+            async with connect(server.url, **client_opts(server)) as session:
+                out = []
+                for i in range(3):
+                    await session.send(f"{k}:{i}")
+                    out.append((await session.recv()).text or "")
+                return out
+
+        results = await asyncio.wait_for(asyncio.gather(*(one(k) for k in range(n))), 120)
+    assert results == [[f"{k}:{i}" for i in range(3)] for k in range(n)]
+
+
+async def test_client_close_is_seen_by_server(scheme: str) -> None:
+    closed: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+
+    async def handler(session: Session) -> None:
+        async for _ in session:
+            pass
+        closed.set_result(session.close_event)
+
+    async with running(handler, scheme) as server:
+        async with connect(server.url, **client_opts(server)) as session:
+            await session.send("bye")
+        event = await asyncio.wait_for(closed, 10)
+    assert event is not None and event.by_peer and event.error is None
+    with pytest.raises(SessionClosed):
+        await session.send("after close")
+
+
+async def test_server_handler_return_closes_session(scheme: str) -> None:
+    async def handler(session: Session) -> None:
+        await session.send("only one")
+
+    async with running(handler, scheme) as server:
+        async with connect(server.url, **client_opts(server)) as session:
+            assert (await session.recv()).text == "only one"
+            with pytest.raises(SessionClosed):
+                await asyncio.wait_for(session.recv(), 10)
+            assert session.close_event is not None and session.close_event.by_peer
+
+
+async def test_oversized_send_refused_locally(scheme: str) -> None:
+    async with running(echo, scheme, max_payload=4096) as server:
+        async with connect(server.url, **client_opts(server)) as session:
+            assert session.info.max_payload == 4096
+            with pytest.raises(LimitExceeded):
+                await session.send("z" * 10_000, algorithm="none")
+            await session.send("small")
+            assert (await session.recv()).text == "small"
+
+
+async def test_short_session_timeout_closes(scheme: str) -> None:
+    timers = {"session_timeout": 0.3, "close_timeout": 0.5}
+    async with running(echo, scheme) as server:
+        session = await connect(server.url, timers=timers, **client_opts(server))
+        with pytest.raises(SessionTimeout):
+            await asyncio.wait_for(session.recv(), 5)
+        await session.close()
+
+
+async def test_backpressure_bounds_a_fast_sender(scheme: str) -> None:
+    release = asyncio.Event()
+
+    async def slow(session: Session) -> None:
+        await release.wait()
+        async for _ in session:
+            pass
+
+    chunk = "x" * 60_000
+    async with running(slow, scheme, max_queue=2) as server:
+        async with connect(server.url, **client_opts(server)) as session:
+            sent = 0
+
+            async def blast() -> None:
+                nonlocal sent
+                for _ in range(2000):  # 120 MB if nothing pushed back
+                    await session.send(chunk, algorithm="none")
+                    sent += 1
+
+            task = asyncio.create_task(blast())
+            await asyncio.sleep(1.5)
+            assert not task.done(), "send() never waited although the peer reads nothing"
+            assert sent < 800, f"{sent} messages accepted without the peer reading: no backpressure"
+            release.set()
+            await asyncio.wait_for(task, 60)
+            assert sent == 2000
+
+
+Fixture = Callable[[], Awaitable[None]]
+
+
+def test_top_level_names() -> None:
+    assert m2mwire.connect is connect and m2mwire.serve is serve
+    assert m2mwire.Timers is Timers
+    assert json.loads(json.dumps({"ok": True}))

@@ -1,0 +1,196 @@
+"""Misbehaving WebSocket peers: each gets a clear REJECT/CLOSE or close code; other sessions carry on."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed
+
+from m2mwire.api import Server, Session, connect, serve
+from m2mwire.errors import SessionTimeout
+
+
+async def echo(session: Session) -> None:
+    async for message in session:
+        await session.send(message.text or "")
+
+
+@pytest.fixture
+async def server() -> AsyncIterator[Server]:
+    async with serve(echo, "ws://127.0.0.1:0", max_payload=64 * 1024, timers={"hello_timeout": 1.0}) as srv:
+        yield srv
+
+
+def hello(**caps: Any) -> str:
+    payload = {
+        "version": "3.0",
+        "agent_id": "raw",
+        "agent_type": "raw",
+        "compression": {"algorithms": ["none"], "max_payload": 0, "streaming": False, "ml_routing": False},
+        "security": {"threat_detection": False, "blocking_mode": False, "block_threshold": 0.8},
+    }
+    payload.update(caps)
+    return json.dumps({"type": "HELLO", "payload": payload, "timestamp": 1})
+
+
+async def closed_code(ws: Any) -> int | None:
+    with pytest.raises(ConnectionClosed) as info:
+        for _ in range(10):
+            await asyncio.wait_for(ws.recv(), 5)
+    rcvd = info.value.rcvd
+    return rcvd.code if rcvd is not None else None
+
+
+async def test_permessage_deflate_is_off(server: Server) -> None:
+    async with ws_connect(server.url) as ws:  # offers deflate; the server must decline it
+        assert ws.protocol.extensions == []
+
+
+async def test_garbage_text_gets_reject_and_close(server: Server) -> None:
+    async with ws_connect(server.url, compression=None) as ws:
+        await ws.send("this is not json")
+        reply = json.loads(await ws.recv())
+        assert reply["type"] == "REJECT" and "MALFORMED_MESSAGE" in reply["payload"]["message"]
+        assert await closed_code(ws) == 1002
+
+
+async def test_data_before_hello_rejected(server: Server) -> None:
+    async with ws_connect(server.url, compression=None) as ws:
+        await ws.send(
+            json.dumps(
+                {
+                    "type": "DATA",
+                    "session_id": "x",
+                    "payload": {"algorithm": "none", "content": "hi"},
+                    "timestamp": 1,
+                }
+            )
+        )
+        reply = json.loads(await ws.recv())
+        assert reply["type"] == "REJECT" and "DATA_BEFORE_HELLO" in reply["payload"]["message"]
+        assert await closed_code(ws) == 1002
+
+
+async def test_invalid_utf8_text_frame_closes_1007(server: Server) -> None:
+    async with ws_connect(server.url, compression=None) as ws:
+        # A text frame whose bytes are not UTF-8: websockets' protocol layer answers 1007.
+        await ws.send(b"\xff\xfe{}", text=True)
+        assert await closed_code(ws) == 1007
+
+
+async def test_oversized_frame_closes_1009(server: Server) -> None:
+    async with ws_connect(server.url, compression=None, max_size=None) as ws:
+        await ws.send(hello())
+        json.loads(await ws.recv())
+        await ws.send(b"\x00" + b"\x01" * 70_000)
+        assert await closed_code(ws) == 1009
+
+
+async def test_binary_garbage_after_accept_closes_with_reason(server: Server) -> None:
+    async with ws_connect(server.url, compression=None) as ws:
+        await ws.send(hello())
+        accept = json.loads(await ws.recv())
+        assert accept["type"] == "ACCEPT"
+        await ws.send(b"\x09garbage")
+        close = json.loads(await ws.recv())
+        assert close["type"] == "CLOSE" and close["payload"]["reason"] == "MALFORMED_MESSAGE"
+        assert await closed_code(ws) == 1002
+
+
+async def test_silent_client_hits_hello_timeout(server: Server) -> None:
+    async with ws_connect(server.url, compression=None) as ws:
+        started = asyncio.get_running_loop().time()
+        await closed_code(ws)
+        assert asyncio.get_running_loop().time() - started < 4
+
+
+async def test_vanishing_peer_does_not_disturb_other_sessions(
+    server: Server, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
+    async with connect(server.url) as good:
+        # A raw TCP client that starts a WebSocket handshake and then disappears.
+        host, port = "127.0.0.1", server.port
+        sock = socket.create_connection((host, port))
+        sock.sendall(
+            b"GET / HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+            b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        )
+        sock.close()
+        # A client that completes HELLO and then drops the TCP connection without CLOSE.
+        ws = await ws_connect(server.url, compression=None)
+        await ws.send(hello())
+        await ws.recv()
+        ws.transport.abort()
+        for i in range(5):
+            await good.send(f"still here {i}")
+            assert (await good.recv()).text == f"still here {i}"
+        assert server.active_sessions >= 1
+
+
+async def test_pong_timeout_against_a_peer_that_never_answers() -> None:
+    # A raw server that accepts the session but never answers PING.
+    async def mute(ws: Any) -> None:
+        msg = json.loads(await ws.recv())
+        accept = json.loads(hello())
+        accept["type"] = "ACCEPT"
+        accept["session_id"] = "mute-session"
+        assert msg["type"] == "HELLO"
+        await ws.send(json.dumps(accept))
+        async for _ in ws:
+            pass
+
+    from websockets.asyncio.server import serve as ws_serve
+
+    async with ws_serve(mute, "127.0.0.1", 0, compression=None) as raw:
+        port = raw.sockets[0].getsockname()[1]
+        timers = {"ping_interval": 0.2, "pong_timeout": 0.2, "max_missed_pongs": 3, "close_timeout": 0.2}
+        session = await connect(f"ws://127.0.0.1:{port}", algorithms=["none"], timers=timers)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(SessionTimeout, match="PING"):
+            await asyncio.wait_for(session.recv(), 5)
+        elapsed = asyncio.get_running_loop().time() - started
+        assert 0.7 <= elapsed < 3
+        await session.close()
+
+
+async def test_close_timeout_against_a_peer_that_never_acknowledges() -> None:
+    async def deaf(ws: Any) -> None:
+        await ws.recv()
+        accept = json.loads(hello())
+        accept["type"] = "ACCEPT"
+        accept["session_id"] = "deaf"
+        await ws.send(json.dumps(accept))
+        async for _ in ws:
+            pass
+
+    from websockets.asyncio.server import serve as ws_serve
+
+    async with ws_serve(deaf, "127.0.0.1", 0, compression=None) as raw:
+        port = raw.sockets[0].getsockname()[1]
+        session = await connect(f"ws://127.0.0.1:{port}", algorithms=["none"], timers={"close_timeout": 0.3})
+        started = asyncio.get_running_loop().time()
+        await session.close("bye")
+        assert asyncio.get_running_loop().time() - started < 2
+        event = session.close_event
+        assert event is not None and isinstance(event.error, SessionTimeout)
+
+
+async def test_hello_timeout_on_client_against_silent_server() -> None:
+    async def silent(ws: Any) -> None:
+        async for _ in ws:
+            pass
+
+    from websockets.asyncio.server import serve as ws_serve
+
+    async with ws_serve(silent, "127.0.0.1", 0, compression=None) as raw:
+        port = raw.sockets[0].getsockname()[1]
+        with pytest.raises(SessionTimeout, match="ACCEPT"):
+            await connect(f"ws://127.0.0.1:{port}", timers={"hello_timeout": 0.3})
