@@ -31,9 +31,9 @@ typecheck: $(STAMP)
 	$(BIN)/mypy
 
 # Regenerate the AVP protobuf module; tests/schemas/test_avp_proto.py fails when it is stale.
+# The repository-relative proto path keeps its descriptor apart from the avp SDK's own avp.proto.
 proto: $(STAMP)
-	$(BIN)/python -m grpc_tools.protoc -I m2mwire/schemas --python_out=m2mwire/schemas \
-		--pyi_out=m2mwire/schemas m2mwire/schemas/avp.proto
+	$(BIN)/python -m grpc_tools.protoc -I . --python_out=. --pyi_out=. m2mwire/schemas/avp.proto
 
 bench: $(STAMP)
 	for b in benchmarks/bench_*.py; do echo "== $$b"; $(BIN)/python $$b || exit 1; done

@@ -119,7 +119,14 @@ class Session:
 
     async def send(
         self,
-        content: str | dict[str, Any] | list[Any] | np.ndarray[Any, Any] | AVPMessage | bytes | bytearray | memoryview,
+        content: str
+        | dict[str, Any]
+        | list[Any]
+        | np.ndarray[Any, Any]
+        | AVPMessage
+        | bytes
+        | bytearray
+        | memoryview,
         *,
         algorithm: str | Algorithm | None = None,
         binary: bool = False,
@@ -408,6 +415,8 @@ async def _open_channel(ep: _Endpoint, config: SessionConfig, topts: dict[str, A
         if ep.scheme == "wss" and ssl_ctx is None:
             ssl_ctx = _client_ssl(topts)
         kwargs: dict[str, Any] = {"max_message_size": max_size, "ssl": ssl_ctx}
+        if ep.scheme == "wss" and topts.get("fingerprint"):
+            kwargs["fingerprint"] = topts["fingerprint"]
         if "open_timeout" in topts:
             kwargs["open_timeout"] = topts["open_timeout"]
         return await connect_websocket(ep.url, **kwargs)
@@ -429,6 +438,7 @@ def _client_ssl(topts: dict[str, Any]) -> ssl_module.SSLContext:
         cadata=topts.get("cadata"),
         fingerprint=topts.get("fingerprint"),
         insecure=bool(topts.get("insecure", False)),
+        target="wss:// server",
     )
 
 

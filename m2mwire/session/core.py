@@ -356,6 +356,7 @@ class SessionProtocol:
     ) -> SentInfo:
         """Queue one DATA message (text or JSON). Raises without queuing anything on error."""
         info = self._require_established()
+        content_type: Literal["text", "json"]
         if isinstance(content, str):
             text, content_type = content, "text"
         elif isinstance(content, dict | list):
@@ -387,7 +388,9 @@ class SessionProtocol:
             wire = compress(text, algorithm, encoding=info.encoding, limits=self.config.limits)
             envelope = encode_message(
                 MessageType.DATA,
-                DataPayload(algorithm=algorithm, content=wire, original_size=original, content_type=content_type),
+                DataPayload(
+                    algorithm=algorithm, content=wire, original_size=original, content_type=content_type
+                ),
                 session_id=info.session_id,
             )
             self._check_payload_size(_utf8_len(envelope), "DATA message")

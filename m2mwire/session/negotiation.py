@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from m2mwire.codecs import Algorithm, Encoding, resolve_algorithm, resolve_encoding
 from m2mwire.errors import M2MError
@@ -40,7 +41,7 @@ class Negotiated:
     algorithms: tuple[Algorithm, ...]
     encoding: Encoding
     max_payload: int  # 0 = unlimited
-    mode: str  # "LATENT" or "JSON"
+    mode: Literal["LATENT", "JSON"]
     mode_reason: str
     avp_map_id: str = ""
 
@@ -190,7 +191,9 @@ def negotiate_client(
     else:
         encoding = _pick_encoding(preferred_encoding, their_encodings, encodings)
     latent = accept.avp if isinstance(accept.avp, LatentCaps) else None
-    mode = latent.mode if latent is not None and latent.mode is not None else "JSON"
+    mode: Literal["LATENT", "JSON"] = "JSON"
+    if latent is not None and latent.mode is not None:
+        mode = latent.mode
     reason = (latent.reason or "") if latent is not None else "no_identity"
     return Negotiated(
         algorithms=common,

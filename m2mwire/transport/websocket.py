@@ -199,10 +199,15 @@ async def connect_websocket(
     *,
     max_message_size: int,
     ssl: ssl_module.SSLContext | None = None,
+    fingerprint: str | None = None,
     open_timeout: float = 10.0,
     **extra: Any,
 ) -> WebSocketChannel:
-    """Open a WebSocket connection and wrap it as a channel."""
+    """Open a WebSocket connection and wrap it as a channel.
+
+    With ``fingerprint`` (wss:// only), the server certificate's SHA-256 must match it; the
+    connection is closed before anything is sent when it does not.
+    """
     try:
         conn = await ws_connect(
             url,
@@ -218,6 +223,17 @@ async def connect_websocket(
     except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
         raise TransportError(f"could not open WebSocket {url}: {exc}") from exc
     assert isinstance(conn, _ClientConnection)
+    if fingerprint is not None:
+        from m2mwire.transport.tls import verify_fingerprint
+
+        ssl_object = conn.transport.get_extra_info("ssl_object")
+        try:
+            if ssl_object is None:
+                raise TransportError("a certificate fingerprint was pinned, but the connection has no TLS")
+            verify_fingerprint(ssl_object, fingerprint)
+        except TransportError:
+            await conn.close(1008, "certificate fingerprint mismatch")
+            raise
     return WebSocketChannel(conn)
 
 

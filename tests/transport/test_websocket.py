@@ -194,3 +194,31 @@ async def test_hello_timeout_on_client_against_silent_server() -> None:
         port = raw.sockets[0].getsockname()[1]
         with pytest.raises(SessionTimeout, match="ACCEPT"):
             await connect(f"ws://127.0.0.1:{port}", timers={"hello_timeout": 0.3})
+
+
+async def test_wss_with_pinned_fingerprint_and_mismatch() -> None:
+    from m2mwire.errors import TransportError
+
+    async with serve(echo, "wss://127.0.0.1:0") as srv:
+        assert srv.fingerprint is not None and len(srv.fingerprint) == 64
+        async with connect(srv.url, fingerprint=srv.fingerprint) as session:
+            await session.send("over tls")
+            assert (await session.recv()).text == "over tls"
+        with pytest.raises(TransportError, match="fingerprint mismatch"):
+            await connect(srv.url, fingerprint="00" * 32)
+
+
+async def test_wss_verifies_against_cafile_and_refuses_unknown_certificates(tmp_path: Any) -> None:
+    from m2mwire.errors import TransportError
+    from m2mwire.transport.tls import generate_self_signed
+
+    cert = generate_self_signed()
+    certfile, keyfile = tmp_path / "cert.pem", tmp_path / "key.pem"
+    certfile.write_bytes(cert.cert_pem)
+    keyfile.write_bytes(cert.key_pem)
+    async with serve(echo, "wss://127.0.0.1:0", certfile=str(certfile), keyfile=str(keyfile)) as srv:
+        async with connect(srv.url, cafile=str(certfile)) as session:
+            await session.send("verified")
+            assert (await session.recv()).text == "verified"
+        with pytest.raises(TransportError):  # default: system store, which does not know this cert
+            await connect(srv.url)

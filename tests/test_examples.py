@@ -1,0 +1,50 @@
+"""The example agents, run as a user would: two processes talking over 127.0.0.1."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
+
+
+def _free_port(kind: int) -> int:
+    with socket.socket(socket.AF_INET, kind) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.mark.parametrize("scheme", ["ws", "quic"])
+def test_client_and_server_examples(scheme: str) -> None:
+    port = _free_port(socket.SOCK_STREAM if scheme == "ws" else socket.SOCK_DGRAM)
+    url = f"{scheme}://127.0.0.1:{port}"
+    server = subprocess.Popen(
+        [sys.executable, str(EXAMPLES / "server.py"), url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        line = ""
+        deadline = time.monotonic() + 30
+        while "listening on" not in line and time.monotonic() < deadline:
+            line = server.stdout.readline()
+        assert "listening on" in line, line
+        args = [sys.executable, str(EXAMPLES / "client.py"), url]
+        if "sha256" in line:
+            args.append(line.split("sha256 ")[1].rstrip(")\n"))
+        done = subprocess.run(args, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        out = done.stdout
+        assert "LATENT (hash_match)" in out
+        assert "You asked: Which warehouse" in out
+        assert "hidden state:" in out and "reply tensor (2048,)" in out
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
