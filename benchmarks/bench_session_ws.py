@@ -226,7 +226,8 @@ def main() -> None:
 
     med = {k: statistics.median(v) for k, v in results.items()}
     print(
-        f"Session over WebSocket vs raw websockets ({args.rounds} interleaved rounds, medians; server in a child)"
+        f"Session over WebSocket vs raw websockets ({args.rounds} interleaved rounds, medians; "
+        "server in a child process)"
     )
     print(f"{'case':34} {'raw':>12} {'session':>12} {'ratio':>8}  goal")
     for size in (100, 1024):
@@ -241,7 +242,8 @@ def main() -> None:
     c = med["chat_ses"]
     print(f"{'1 KB chat, TokenNative (msg/s)':34} {'':12} {c:12.0f}")
     print(
-        f"{'  tiktoken encode alone (msg/s)':34} {tok_enc:12.0f} {'':12} {c / tok_enc:7.2f}x of the encode-only bound"
+        f"{'  tiktoken encode alone (msg/s)':34} {tok_enc:12.0f} {'':12} {c / tok_enc:7.2f}x "
+        "of the encode-only bound"
     )
     print(f"{'  tiktoken encode+decode (msg/s)':34} {tok_encdec:12.0f}")
 

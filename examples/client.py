@@ -16,7 +16,7 @@ import numpy as np
 import m2mwire
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from server import IDENTITY  # noqa: E402  # same model as the server agent: latent mode is negotiated
+from server import IDENTITY  # same model as the server agent: latent mode is negotiated
 
 REQUEST = {
     "model": "gpt-4o",
@@ -34,15 +34,15 @@ async def main(url: str, fingerprint: str | None) -> None:
         options["fingerprint"] = fingerprint
     async with m2mwire.connect(url, **options) as session:
         info = session.info
-        print(
-            f"negotiated {[a.value for a in info.algorithms]} / {info.encoding} / {info.mode} ({info.mode_reason})"
-        )
+        algorithms = [a.value for a in info.algorithms]
+        print(f"negotiated {algorithms} / {info.encoding} / {info.mode} ({info.mode_reason})")
         for algorithm in (None, "tokennative", "token", "brotli"):
             sent = await session.send(REQUEST, algorithm=algorithm)
             reply = await session.recv()
+            answer = reply.value["choices"][0]["message"]
             print(
                 f"{sent.algorithm:12} {sent.original_bytes:5} -> {sent.wire_bytes:5} bytes, "
-                f"{sent.original_tokens} -> {sent.wire_tokens} tokens; reply: {reply.value['choices'][0]['message']}"
+                f"{sent.original_tokens} -> {sent.wire_tokens} tokens; reply: {answer}"
             )
         if info.mode == "LATENT":
             hidden = np.random.default_rng(0).standard_normal(IDENTITY.hidden_dim).astype(np.float32)

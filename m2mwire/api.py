@@ -33,7 +33,6 @@ from m2mwire.session.core import (
     Message,
     MessageReceived,
     Role,
-    SendMessage,
     SentInfo,
     SessionInfo,
     SessionProtocol,

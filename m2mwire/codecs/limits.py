@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from m2mwire.errors import LimitExceeded
 
-__all__ = ["DEFAULT_LIMITS", "MiB", "Limits", "check_size"]
+__all__ = ["DEFAULT_LIMITS", "Limits", "MiB", "check_size"]
 
 MiB = 1024 * 1024
 
@@ -33,4 +33,5 @@ DEFAULT_LIMITS = Limits()
 def check_size(what: str, size: int, limit: int) -> None:
     """Raise :class:`LimitExceeded` when ``size`` exceeds ``limit``; ``what`` names the thing measured."""
     if size > limit:
-        raise LimitExceeded(f"{what} is {size} bytes, over the limit of {limit} bytes", limit=limit, actual=size)
+        message = f"{what} is {size} bytes, over the limit of {limit} bytes"
+        raise LimitExceeded(message, limit=limit, actual=size)

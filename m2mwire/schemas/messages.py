@@ -220,7 +220,8 @@ def _decode_payload(
         try:
             return _data_decoder.decode(raw)
         except msgspec.DecodeError as exc:
-            raise ProtocolError(f"DATA payload matches no known shape: {exc}", code="MALFORMED_MESSAGE") from exc
+            message = f"DATA payload matches no known shape: {exc}"
+            raise ProtocolError(message, code="MALFORMED_MESSAGE") from exc
     if mtype in (MessageType.PING, MessageType.PONG):
         return None  # payload is {} or absent; content is irrelevant
     if not raw or bytes(raw) == b"null":

@@ -1,0 +1,589 @@
+"""QUIC channel benchmark: m2mwire's QUIC channel vs a tuned raw aioquic stream, on loopback.
+
+    .venv/bin/python benchmarks/bench_quic_channel.py [--quick] [--only NAME] [--tuning key=value ...]
+
+The server runs in a separate (spawned) process, the client here. For each transport it measures
+round-trip latency (100-byte messages, echoed), one-way throughput (1 KB, 64 KiB and 1 MiB binary
+messages; median of 3 runs), and the sender's peak RSS while a fast sender outpaces a receiver
+that reads one 1 MiB message every 50 ms.
+
+The harness is transport-agnostic: a *suite* is a server entry point (run in the child process)
+plus a client *channel factory*; anything with ``send(str | bytes)``, ``recv()`` and ``close()``
+fits, so the session layer can be added as another suite. Every server understands the same
+control messages, sent as the first message of each channel:
+
+    "echo"                      echo every message back
+    "sink:<count>"              read <count> messages, then send "done:<bytes>"
+    "slow:<count>:<delay_ms>"   like sink, sleeping <delay_ms> before each read
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import functools
+import multiprocessing
+import os
+import socket
+import ssl
+import statistics
+import struct
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from importlib.metadata import version
+from pathlib import Path
+from typing import Any, Protocol
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from aioquic.asyncio.protocol import QuicConnectionProtocol
+from aioquic.asyncio.server import serve as aioquic_serve
+from aioquic.quic import events
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import QuicConnection
+
+from m2mwire.transport.quic import (
+    QuicChannel,
+    QuicClientConnection,
+    QuicTuning,
+    connect_quic,
+    serve_quic,
+)
+from m2mwire.transport.tls import generate_self_signed
+
+MiB = 1024 * 1024
+MAX_MESSAGE = 64 * MiB
+
+
+class BenchChannel(Protocol):
+    async def send(self, message: Any) -> None: ...
+    async def recv(self) -> str | bytes: ...
+    async def close(self) -> None: ...
+
+
+# A factory returns a fresh channel to the server; `aclose` releases what the factory holds.
+class ChannelFactory(Protocol):
+    async def __call__(self) -> BenchChannel: ...
+    async def aclose(self) -> None: ...
+
+
+def _text(message: str | bytes) -> str:
+    return message if isinstance(message, str) else message.decode()
+
+
+async def serve_commands(channel: BenchChannel) -> None:
+    """The server side of every suite: interpret the first message, then act on the channel."""
+    command = _text(await channel.recv()).split(":")
+    if command[0] == "echo":
+        while True:
+            try:
+                message = await channel.recv()
+            except Exception:
+                return
+            await channel.send(message)
+    count = int(command[1])
+    delay = int(command[2]) / 1000 if command[0] == "slow" else 0.0
+    total = 0
+    cpu0 = 0.0
+    for i in range(count):
+        if delay:
+            await asyncio.sleep(delay)
+        message = await channel.recv()
+        if i == 0:
+            cpu0 = time.process_time()
+        total += len(message)
+    # CPU seconds the server process spent from the first message to the last
+    await channel.send(f"done:{total}:{time.process_time() - cpu0:.6f}")
+    with contextlib.suppress(Exception):
+        async with asyncio.timeout(10):
+            await channel.recv()  # wait for the client's close
+
+
+# -- suite 1: m2mwire QUIC channel ---------------------------------------------------------------
+
+
+def m2mwire_server(port_queue: Any, tuning: dict[str, Any]) -> None:
+    async def main() -> None:
+        server = await serve_quic(
+            serve_commands, "127.0.0.1", 0, max_message_size=MAX_MESSAGE, tuning=QuicTuning(**tuning)
+        )
+        port_queue.put((server.port, server.fingerprint))
+        await asyncio.Future()
+
+    asyncio.run(main())
+
+
+class M2MWireFactory:
+    def __init__(self, port: int, fingerprint: str, tuning: dict[str, Any]) -> None:
+        self._args = (port, fingerprint, tuning)
+        self._conn: QuicClientConnection | None = None
+
+    async def __call__(self) -> BenchChannel:
+        if self._conn is None:
+            port, fingerprint, tuning = self._args
+            self._conn = await connect_quic(
+                "127.0.0.1",
+                port,
+                fingerprint=fingerprint,
+                max_message_size=MAX_MESSAGE,
+                tuning=QuicTuning(**tuning),
+            )
+        channel: QuicChannel = await self._conn.open_channel()
+        return channel
+
+    async def aclose(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+
+
+# -- suite 2: raw aioquic, one stream per channel, 4-byte length prefix, same tuning ---------------
+# What a hand-rolled aioquic client reaches: coalesced transmits (_transmit_soon), 16 KiB
+# datagrams, 32 MiB / 16 MiB flow-control windows, 4 MiB socket buffers. aioquic has no send
+# backpressure, so like the reference baseline the sender keeps at most 4 MiB unacknowledged using
+# application-level acks ("A" + cumulative bytes, sent by the receiver every >= 1 MiB).
+
+RAW_ALPN = "bench-raw"
+RAW_WINDOW = 4 * MiB
+
+
+def _raw_config(is_client: bool) -> QuicConfiguration:
+    return QuicConfiguration(
+        is_client=is_client,
+        alpn_protocols=[RAW_ALPN],
+        max_datagram_size=16384,
+        max_data=32 * MiB,
+        max_stream_data=16 * MiB,
+        idle_timeout=60.0,
+    )
+
+
+def _tune(sock: socket.socket) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4 * MiB)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * MiB)
+
+
+class RawStream:
+    """A length-prefixed message channel on one raw aioquic stream (server or client side)."""
+
+    def __init__(self, proto: RawProtocol, stream_id: int, *, acks: bool) -> None:
+        self.proto = proto
+        self.stream_id = stream_id
+        self.buffer = bytearray()
+        self.queue: asyncio.Queue[bytes] = asyncio.Queue()
+        self.acks = acks  # False: unbounded sender (the "no window" memory case)
+        self.sent = 0
+        self.acked = 0
+        self.received_since_ack = 0
+        self.received_total = 0
+        self.ack_event = asyncio.Event()
+
+    async def send(self, message: str | bytes) -> None:
+        data = message.encode() if isinstance(message, str) else message
+        while self.acks and self.sent - self.acked > RAW_WINDOW:
+            self.ack_event.clear()
+            await self.ack_event.wait()
+        self._write(
+            struct.pack(">I", len(data)) + data if len(data) <= 65536 else struct.pack(">I", len(data))
+        )
+        if len(data) > 65536:
+            self._write(data)
+        self.sent += len(data)
+        if not self.acks:
+            await asyncio.sleep(0)
+
+    def _write(self, data: bytes) -> None:
+        self.proto._quic.send_stream_data(self.stream_id, data)
+        self.proto._transmit_soon()
+
+    async def recv(self) -> bytes:
+        return await self.queue.get()
+
+    async def close(self) -> None:
+        self.proto._quic.send_stream_data(self.stream_id, b"", end_stream=True)
+        self.proto._transmit_soon()
+
+    def feed(self, data: bytes) -> None:
+        self.buffer += data
+        pos = 0
+        while len(self.buffer) - pos >= 4:  # bounded by the buffer
+            (n,) = struct.unpack_from(">I", self.buffer, pos)
+            if len(self.buffer) - pos - 4 < n:
+                break
+            message = bytes(self.buffer[pos + 4 : pos + 4 + n])
+            pos += 4 + n
+            if message[:1] == b"A" and len(message) == 9:
+                self.acked = struct.unpack(">Q", message[1:])[0]
+                self.ack_event.set()
+                continue
+            self.received_total += n
+            self.received_since_ack += n
+            self.queue.put_nowait(message)
+        del self.buffer[:pos]
+
+    def ack_if_due(self) -> None:
+        if self.received_since_ack >= MiB:
+            self.received_since_ack = 0
+            self._write(struct.pack(">I", 9) + b"A" + struct.pack(">Q", self.received_total))
+
+
+class RawProtocol(QuicConnectionProtocol):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.streams: dict[int, RawStream] = {}
+        self.is_server = not self._quic.configuration.is_client
+
+    def quic_event_received(self, event: events.QuicEvent) -> None:
+        if isinstance(event, events.StreamDataReceived):
+            stream = self.streams.get(event.stream_id)
+            if stream is None:
+                if not self.is_server:
+                    return
+                stream = self.streams[event.stream_id] = RawStream(self, event.stream_id, acks=True)
+                asyncio.get_running_loop().create_task(self._serve(stream))
+            stream.feed(event.data)
+
+    async def _serve(self, stream: RawStream) -> None:
+        class Acking:
+            async def recv(self) -> bytes:
+                message = await stream.recv()
+                stream.ack_if_due()
+                return message
+
+            async def send(self, message: Any) -> None:
+                await stream.send(message)
+
+            async def close(self) -> None:
+                await stream.close()
+
+        await serve_commands(Acking())
+
+
+def raw_server(port_queue: Any, tuning: dict[str, Any]) -> None:
+    async def main() -> None:
+        cert = generate_self_signed()
+        config = _raw_config(is_client=False)
+        config.certificate, config.private_key = cert.certificate, cert.private_key
+        server = await aioquic_serve("127.0.0.1", 0, configuration=config, create_protocol=RawProtocol)
+        sock = server._transport.get_extra_info("socket")
+        _tune(sock)
+        port_queue.put((sock.getsockname()[1], cert.fingerprint))
+        await asyncio.Future()
+
+    asyncio.run(main())
+
+
+class RawFactory:
+    def __init__(self, port: int, fingerprint: str, tuning: dict[str, Any], *, acks: bool = True) -> None:
+        self._port = port
+        self._acks = acks
+        self._proto: RawProtocol | None = None
+        self._transport: asyncio.DatagramTransport | None = None
+
+    async def __call__(self) -> BenchChannel:
+        if self._proto is None:
+            loop = asyncio.get_running_loop()
+            config = _raw_config(is_client=True)
+            config.verify_mode = ssl.CERT_NONE  # benchmark only; the m2mwire suite pins the fingerprint
+            sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            _tune(sock)
+            sock.bind(("127.0.0.1", 0))
+            transport, proto = await loop.create_datagram_endpoint(
+                lambda: RawProtocol(QuicConnection(configuration=config)), sock=sock
+            )
+            proto.connect(("127.0.0.1", self._port))
+            await proto.wait_connected()
+            self._proto, self._transport = proto, transport
+        stream_id = self._proto._quic.get_next_available_stream_id()
+        stream = RawStream(self._proto, stream_id, acks=self._acks)
+        self._proto.streams[stream_id] = stream
+        return stream
+
+    async def aclose(self) -> None:
+        if self._proto is not None:
+            self._proto.close()
+            async with asyncio.timeout(5):
+                await self._proto.wait_closed()
+        if self._transport is not None:
+            self._transport.close()
+
+
+# -- measurements ------------------------------------------------------------------------------------
+
+
+async def bench_rtt(factory: ChannelFactory, n: int = 1000, warmup: int = 100) -> tuple[float, float]:
+    """p50 and p99 round trip in microseconds for a 100-byte text message."""
+    samples = sorted(await bench_rtt_samples(factory, n, warmup))
+    return samples[len(samples) // 2], samples[max(int(len(samples) * 0.99) - 1, 0)]
+
+
+async def bench_rtt_samples(factory: ChannelFactory, n: int, warmup: int = 50) -> list[float]:
+    """Round trips (us) of a 100-byte text message echoed by the server."""
+    channel = await factory()
+    await channel.send("echo")
+    message = '{"type":"DATA","session_id":"s-0001","payload":"' + "x" * 50 + '"}'
+    assert len(message) == 100
+    samples = []
+    for i in range(warmup + n):
+        t0 = time.perf_counter()
+        await channel.send(message)
+        await channel.recv()
+        if i >= warmup:
+            samples.append((time.perf_counter() - t0) * 1e6)
+    await channel.close()
+    return samples
+
+
+async def bench_throughput(factory: ChannelFactory, size: int, count: int) -> tuple[float, float, float]:
+    """One-way MB/s (10^6 bytes/s) for `count` binary messages of `size` bytes, and CPU us/msg.
+
+    Returns (MB/s, client CPU us per message, server CPU us per message). CPU time is the figure to
+    compare on a shared machine: wall-clock throughput moves with other tenants' load.
+    """
+    payload = os.urandom(size)
+    channel = await factory()
+    await channel.send(f"sink:{count}")
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    for _ in range(count):
+        await channel.send(payload)
+    reply = _text(await channel.recv()).split(":")
+    elapsed = time.perf_counter() - t0
+    cpu = time.process_time() - cpu0
+    await channel.close()
+    assert reply[:2] == ["done", str(size * count)], reply
+    return size * count / elapsed / 1e6, cpu / count * 1e6, float(reply[2]) / (count - 1) * 1e6
+
+
+def _rss_kib(field_name: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field_name + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+async def bench_memory(
+    factory: ChannelFactory, *, size: int = MiB, count: int = 256, seconds: float = 2.0
+) -> tuple[float, float, int]:
+    """Sender's peak RSS growth (MiB) while the receiver reads one message per 50 ms.
+
+    Sends up to `count` messages or for `seconds`, whichever ends first. Returns (peak RSS growth
+    in MiB, sender's achieved MB/s into the channel, messages sent).
+    """
+    payload = os.urandom(size)
+    channel = await factory()
+    await channel.send(f"slow:{count}:50")
+    await asyncio.sleep(0.2)
+    try:  # reset the peak RSS counter (Linux >= 4.0); VmHWM then tracks only this test
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    base = _rss_kib("VmRSS")
+    sent = 0
+    t0 = time.perf_counter()
+    while sent < count and time.perf_counter() - t0 < seconds:
+        await asyncio.wait_for(channel.send(payload), timeout=seconds)
+        sent += 1
+    elapsed = time.perf_counter() - t0
+    peak = _rss_kib("VmHWM")
+    # Abandon the channel (the server is still reading slowly) rather than wait for it to drain.
+    abort = getattr(channel, "abort", None)
+    if abort is not None:
+        abort()
+    return (peak - base) / 1024, sent * size / elapsed / 1e6, sent
+
+
+@dataclass
+class Suite:
+    name: str
+    server: Callable[[Any, dict[str, Any]], None]
+    factory: Callable[[int, str, dict[str, Any]], ChannelFactory]
+    tuning: dict[str, Any] = field(default_factory=dict)
+    memory_only: bool = False
+
+
+SUITES = [
+    Suite("m2mwire QUIC channel", m2mwire_server, M2MWireFactory),
+    Suite("raw aioquic stream (tuned)", raw_server, RawFactory),
+    Suite(
+        "raw aioquic, no send window",
+        raw_server,
+        functools.partial(RawFactory, acks=False),
+        memory_only=True,
+    ),
+]
+
+SIZES = [(1000, 20000), (64 * 1024, 1600), (MiB, 200)]
+ROUNDS = 3
+
+
+@dataclass
+class Results:
+    rtt_us: list[float] = field(default_factory=list)
+    # size -> list of (MB/s, client CPU us/msg, server CPU us/msg), one per round
+    throughput: dict[int, list[tuple[float, float, float]]] = field(default_factory=dict)
+    memory: tuple[float, float, int] | None = None
+
+
+async def run_rounds(
+    suites: list[Suite], servers: dict[str, tuple[int, str]], quick: bool
+) -> dict[str, Results]:
+    """Interleave the suites round-robin so that drift in machine load hits them all alike."""
+    results = {s.name: Results() for s in suites}
+    factories = {s.name: s.factory(*servers[s.name], s.tuning) for s in suites}
+    try:
+        for s in suites:  # warm-up: connection, code paths, allocator
+            if not s.memory_only:
+                for size, count in SIZES:
+                    await bench_throughput(factories[s.name], size, max(count // 20, 5))
+        for _ in range(1 if quick else ROUNDS):
+            for s in suites:
+                if s.memory_only:
+                    continue
+                r = results[s.name]
+                channel_rtt = await bench_rtt_samples(factories[s.name], n=200 if quick else 400)
+                r.rtt_us.extend(channel_rtt)
+                for size, count in SIZES:
+                    n = max(count // 5, 10) if quick else count
+                    r.throughput.setdefault(size, []).append(
+                        await bench_throughput(factories[s.name], size, n)
+                    )
+    finally:
+        for f in factories.values():
+            await f.aclose()
+    return results
+
+
+def memory_in_child(suite: Suite, server: tuple[int, str], quick: bool) -> tuple[float, float, int]:
+    """bench_memory in a fresh spawned client process, so that its peak RSS is this test's alone."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    process = ctx.Process(target=_memory_child, args=(queue, suite, server, quick), daemon=True)
+    process.start()
+    try:
+        result: tuple[float, float, int] = queue.get(timeout=60)
+        return result
+    finally:
+        process.join(10)
+        if process.is_alive():
+            process.terminate()
+
+
+def _memory_child(queue: Any, suite: Suite, server: tuple[int, str], quick: bool) -> None:
+    async def main() -> tuple[float, float, int]:
+        factory = suite.factory(*server, suite.tuning)
+        try:
+            return await bench_memory(factory, count=64 if quick else 256)
+        finally:
+            await factory.aclose()
+
+    queue.put(asyncio.run(main()))
+
+
+def start_server(suite: Suite) -> tuple[multiprocessing.process.BaseProcess, int, str]:
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    process = ctx.Process(target=suite.server, args=(queue, suite.tuning), daemon=True)
+    process.start()
+    port, fingerprint = queue.get(timeout=30)
+    return process, port, fingerprint
+
+
+def report(suites: list[Suite], results: dict[str, Results]) -> None:
+    width = max(len(s.name) for s in suites)
+    print(f"{'':{width}}  RTT p50 us  RTT p99 us  " + "  ".join(f"{_label(s):>30}" for s, _ in SIZES))
+    medians: dict[str, dict[int, float]] = {}
+    for s in suites:
+        r = results[s.name]
+        if s.memory_only:
+            continue
+        rtt = sorted(r.rtt_us)
+        cells = []
+        medians[s.name] = {}
+        for size, _ in SIZES:
+            runs = r.throughput[size]
+            rates = sorted(x[0] for x in runs)
+            medians[s.name][size] = statistics.median(rates)
+            cpu = statistics.median(x[1] for x in runs), statistics.median(x[2] for x in runs)
+            spread = f"[{rates[0]:5.1f}-{rates[-1]:5.1f}]"
+            cells.append(f"{medians[s.name][size]:6.1f} {spread} {cpu[0]:5.0f}+{cpu[1]:<5.0f}")
+        p50, p99 = rtt[len(rtt) // 2], rtt[max(int(len(rtt) * 0.99) - 1, 0)]
+        print(f"{s.name:{width}}  {p50:10.0f}  {p99:10.0f}  " + "  ".join(f"{c:>30}" for c in cells))
+    print(
+        "  throughput cells: median MB/s (10^6 B/s) over the rounds [min-max], then median CPU us per\n"
+        "  message, client+server (CPU time is the steadier figure on a shared machine)"
+    )
+    names = list(medians)
+    if len(names) >= 2:
+        ours, raw = medians[names[0]], medians[names[1]]
+        print(
+            f"ratio {names[0]} / {names[1]}: "
+            + ", ".join(f"{_label(s)} {ours[s] / raw[s]:.2f}x" for s, _ in SIZES)
+        )
+    print()
+    print("fast sender vs slow receiver (1 MiB messages, receiver reads one per 50 ms, 2 s;")
+    print("the sender runs in a fresh process):")
+    for s in suites:
+        memory = results[s.name].memory
+        assert memory is not None
+        growth, rate, sent = memory
+        line = f"sender peak RSS growth {growth:6.1f} MiB, sent {sent:3d} msgs ({rate:6.1f} MB/s)"
+        print(f"  {s.name:{width}}  {line}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="fewer messages, one round")
+    parser.add_argument("--only", help="run only the suites whose name contains this")
+    parser.add_argument(
+        "--tuning", nargs="*", default=[], help="QuicTuning overrides, e.g. stream_window=4194304"
+    )
+    args = parser.parse_args()
+    overrides: dict[str, Any] = {}
+    for item in args.tuning:
+        key, value = item.split("=", 1)
+        overrides[key] = int(value) if value.isdigit() else float(value) if value[:1].isdigit() else value
+    suites = [replace(s, tuning=overrides) if s.server is m2mwire_server else s for s in SUITES]
+    if args.only:
+        suites = [s for s in suites if args.only.lower() in s.name.lower()]
+
+    print(f"QUIC channel benchmark: 127.0.0.1, server in a spawned process, {os.cpu_count()} CPUs")
+    load = os.getloadavg()[0]
+    print(f"Python {sys.version.split()[0]}, aioquic {version('aioquic')}, load average {load:.2f}")
+    if overrides:
+        print(f"tuning overrides: {overrides}")
+    started = time.perf_counter()
+    processes = []
+    servers: dict[str, tuple[int, str]] = {}
+    try:
+        for s in suites:
+            process, port, fingerprint = start_server(s)
+            processes.append(process)
+            servers[s.name] = (port, fingerprint)
+        results = asyncio.run(asyncio.wait_for(run_rounds(suites, servers, args.quick), 150))
+        for s in suites:
+            results[s.name].memory = memory_in_child(s, servers[s.name], args.quick)
+    finally:
+        for process in processes:
+            process.terminate()
+            process.join(5)
+    print()
+    report(suites, results)
+    print(f"\ntotal {time.perf_counter() - started:.0f} s, load average {os.getloadavg()[0]:.2f}")
+
+
+def _label(size: int) -> str:
+    return (
+        f"{size // MiB} MiB"
+        if size >= MiB
+        else f"{size // 1024} KiB"
+        if size >= 1024 and size % 1024 == 0
+        else f"{size} B"
+    )
+
+
+if __name__ == "__main__":
+    main()
