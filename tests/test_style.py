@@ -11,7 +11,9 @@ CODE = ["m2mwire", "tests", "examples", "benchmarks"]
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", *args], cwd=ROOT, capture_output=True, text=True, timeout=600
+    )
 
 
 def test_ruff_lint_clean() -> None:
