@@ -34,6 +34,7 @@ _LAZY = {
     "serve": "m2mwire.api",
     "Session": "m2mwire.api",
     "Server": "m2mwire.api",
+    "open_quic_connection": "m2mwire.api",
     "Message": "m2mwire.session.core",
     "SessionInfo": "m2mwire.session.core",
     "Timers": "m2mwire.session.config",
@@ -61,7 +62,7 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from m2mwire.api import Server, Session, connect, serve  # noqa: F401
+    from m2mwire.api import Server, Session, connect, open_quic_connection, serve  # noqa: F401
     from m2mwire.codecs import compress, compress_binary, decompress, decompress_binary  # noqa: F401
     from m2mwire.schemas.identity import ModelIdentity  # noqa: F401
     from m2mwire.session.config import Timers  # noqa: F401

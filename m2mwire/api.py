@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -41,7 +41,10 @@ from m2mwire.session.core import (
 )
 from m2mwire.transport.base import Buffer, Channel, PushChannel
 
-__all__ = ["Server", "Session", "connect", "serve"]
+if TYPE_CHECKING:
+    from m2mwire.transport.quic import QuicClientConnection
+
+__all__ = ["Server", "Session", "connect", "open_quic_connection", "serve"]
 
 log = logging.getLogger("m2mwire.session")
 
@@ -57,8 +60,10 @@ _TRANSPORT_OPTIONS = frozenset(
         "keyfile",
         "open_timeout",
         "idle_timeout",
+        "connection",
     }
 )
+_QUIC_CLIENT_OPTIONS = ("cafile", "cadata", "fingerprint", "insecure", "server_name", "idle_timeout")
 
 
 class Session:
@@ -419,14 +424,34 @@ async def _open_channel(ep: _Endpoint, config: SessionConfig, topts: dict[str, A
         if "open_timeout" in topts:
             kwargs["open_timeout"] = topts["open_timeout"]
         return await connect_websocket(ep.url, **kwargs)
-    from m2mwire.transport.quic import open_quic_channel
+    from m2mwire.transport.quic import QuicClientConnection, open_quic_channel
 
-    qopts = {
-        k: v
-        for k, v in topts.items()
-        if k in ("cafile", "cadata", "fingerprint", "insecure", "server_name", "idle_timeout")
-    }
+    shared = topts.get("connection")
+    if shared is not None:
+        if not isinstance(shared, QuicClientConnection):
+            raise TypeError("connection= takes a connection from m2mwire.open_quic_connection()")
+        return await shared.open_channel(max_message_size=max_size)
+    qopts = {k: v for k, v in topts.items() if k in _QUIC_CLIENT_OPTIONS}
     return await open_quic_channel(ep.host, ep.port, max_message_size=max_size, **qopts)
+
+
+async def open_quic_connection(url: str, **options: Any) -> QuicClientConnection:
+    """Open one QUIC connection to share between sessions: ``connect(url, connection=conn)``.
+
+    Options: cafile, cadata, fingerprint, insecure, server_name, idle_timeout, max_payload (the
+    default incoming message limit of its channels). Close it with ``await conn.close()``.
+    """
+    from m2mwire.codecs.limits import MiB
+    from m2mwire.transport.quic import connect_quic
+
+    ep = _parse_url(url)
+    if ep.scheme != "quic":
+        raise ValueError(f"open_quic_connection() needs a quic:// URL, not {url!r}")
+    unknown = set(options) - {*_QUIC_CLIENT_OPTIONS, "max_payload"}
+    if unknown:
+        raise TypeError(f"unknown option(s) for open_quic_connection(): {', '.join(sorted(unknown))}")
+    max_size = options.pop("max_payload", 16 * MiB)
+    return await connect_quic(ep.host, ep.port, max_message_size=max_size, **options)
 
 
 def _client_ssl(topts: dict[str, Any]) -> ssl_module.SSLContext:
@@ -448,7 +473,8 @@ class connect:
     Options: algorithms, encodings, preferred_encoding, identity, max_payload, timers (a Timers or a
     dict), optimize, token_stats, agent_id, agent_type, limits, max_queue; transport options: ssl (an
     SSLContext for wss://), cafile/cadata/fingerprint/insecure (TLS verification for wss:// and
-    quic://), server_name, open_timeout, idle_timeout (QUIC).
+    quic://), server_name, open_timeout, idle_timeout (QUIC), connection (a QUIC connection from
+    :func:`open_quic_connection`, to run several sessions over one connection).
     """
 
     def __init__(self, url: str, **options: Any) -> None:

@@ -10,13 +10,13 @@ from typing import Any
 
 import numpy as np
 import pytest
-from m2mwire.schemas.identity import ModelIdentity
 
 import m2mwire
 from m2mwire import avp
 from m2mwire.api import Server, Session, connect, serve
 from m2mwire.codecs import Algorithm, Encoding
 from m2mwire.errors import LimitExceeded, ModeError, SessionClosed, SessionRejected, SessionTimeout
+from m2mwire.schemas.identity import ModelIdentity
 from m2mwire.session.config import Timers
 
 IDENT = ModelIdentity(
@@ -241,10 +241,119 @@ async def test_backpressure_bounds_a_fast_sender(scheme: str) -> None:
             assert sent == 2000
 
 
-Fixture = Callable[[], Awaitable[None]]
-
-
 def test_top_level_names() -> None:
     assert m2mwire.connect is connect and m2mwire.serve is serve
     assert m2mwire.Timers is Timers
-    assert json.loads(json.dumps({"ok": True}))
+    with pytest.raises(AttributeError):
+        _ = m2mwire.no_such_name  # type: ignore[attr-defined]
+
+
+async def test_fifty_sessions_share_one_quic_connection() -> None:
+    async with running(echo, "quic") as server:
+        conn = await m2mwire.open_quic_connection(server.url, fingerprint=server.fingerprint)
+        try:
+
+            async def one(k: int) -> list[str]:
+                async with connect(server.url, connection=conn) as session:
+                    out = []
+                    for i in range(3):
+                        await session.send(f"{k}:{i}")
+                        out.append((await session.recv()).text or "")
+                    return out
+
+            results = await asyncio.wait_for(asyncio.gather(*(one(k) for k in range(50))), 120)
+            assert results == [[f"{k}:{i}" for i in range(3)] for k in range(50)]
+            # the connection outlives its sessions and still takes new ones
+            async with connect(server.url, connection=conn) as session:
+                await session.send("again")
+                assert (await session.recv()).text == "again"
+        finally:
+            await conn.close()
+
+
+async def test_one_process_serves_websocket_and_quic() -> None:
+    async with running(echo, "ws") as ws_server, running(echo, "quic") as quic_server:
+        for server in (ws_server, quic_server):
+            async with connect(server.url, **client_opts(server)) as session:
+                await session.send({"via": server.url})
+                assert (await session.recv()).value == {"via": server.url}
+
+
+async def test_kv_cache_of_64_mib(scheme: str) -> None:
+    big = 80 * 1024 * 1024
+    layers = [
+        (np.full((8, 512, 128), i, np.float16), np.full((8, 512, 128), -i, np.float16)) for i in range(32)
+    ]
+    async with running(echo, scheme, identity=IDENT, max_payload=big) as server:
+        async with connect(server.url, identity=IDENT, max_payload=big, **client_opts(server)) as session:
+            frame = avp.encode_kv_cache_parts(layers, session_id=session.info.session_id)
+            sent = await session.send(b"".join(bytes(memoryview(p)) for p in frame))
+            assert sent.wire_bytes > 64 * 1024 * 1024
+            reply = await asyncio.wait_for(session.recv(), 60)
+            assert reply.avp is not None
+            kv = reply.avp.kv_cache()
+            assert (kv.num_layers, kv.num_kv_heads, kv.seq_len, kv.head_dim) == (32, 8, 512, 128)
+            k31, v31 = kv.layers[31]
+            assert float(k31[0, 0, 0]) == 31.0 and float(v31[7, 511, 127]) == -31.0
+
+
+async def _raw_channel(server: Server, scheme: str) -> Any:
+    if scheme == "ws":
+        from m2mwire.transport.websocket import connect_websocket
+
+        return await connect_websocket(server.url, max_message_size=1 << 20)
+    from m2mwire.transport.quic import open_quic_channel
+
+    return await open_quic_channel("127.0.0.1", server.port, fingerprint=server.fingerprint)
+
+
+@pytest.mark.parametrize(
+    ("first", "code"),
+    [
+        ("garbage{", "MALFORMED_MESSAGE"),
+        (
+            '{"type":"DATA","session_id":"x","payload":{"algorithm":"none","content":"hi"},"timestamp":1}',
+            "DATA_BEFORE_HELLO",
+        ),
+        ('{"type":"HELLO","payload":{"version":"3.0"},"timestamp":1}', "MALFORMED_MESSAGE"),
+    ],
+)
+async def test_bad_first_message_gets_reject_then_close(scheme: str, first: str, code: str) -> None:
+    from m2mwire.errors import TransportError
+
+    async with running(echo, scheme) as server:
+        async with connect(server.url, **client_opts(server)) as good:
+            channel = await _raw_channel(server, scheme)
+            await channel.send(first)
+            reply = json.loads(await asyncio.wait_for(channel.recv(), 10))
+            assert reply["type"] == "REJECT" and reply["payload"]["message"].startswith(code)
+            with pytest.raises(TransportError):
+                await asyncio.wait_for(channel.recv(), 10)
+            # the other session on the same server is untouched
+            await good.send("unaffected")
+            assert (await good.recv()).text == "unaffected"
+
+
+async def test_version_mismatch_over_the_wire(scheme: str) -> None:
+    async with running(echo, scheme) as server:
+        channel = await _raw_channel(server, scheme)
+        hello = {
+            "type": "HELLO",
+            "payload": {
+                "version": "2.0",
+                "agent_id": "old",
+                "agent_type": "old",
+                "compression": {
+                    "algorithms": ["none"],
+                    "max_payload": 0,
+                    "streaming": False,
+                    "ml_routing": False,
+                },
+                "security": {"threat_detection": False, "blocking_mode": False, "block_threshold": 0.8},
+            },
+            "timestamp": 1,
+        }
+        await channel.send(json.dumps(hello))
+        reply = json.loads(await asyncio.wait_for(channel.recv(), 10))
+        assert reply["payload"]["code"] == "VERSION_MISMATCH"
+        await channel.close()
