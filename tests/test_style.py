@@ -17,12 +17,12 @@ def _run(*args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_ruff_lint_clean() -> None:
-    done = _run("ruff", "check", *CODE)
+    done = _run("ruff", "check", "--no-cache", *CODE)
     assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_ruff_format_clean() -> None:
-    done = _run("ruff", "format", "--check", *CODE)
+    done = _run("ruff", "format", "--check", "--no-cache", *CODE)
     assert done.returncode == 0, done.stdout + done.stderr
 
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import msgspec
 import pytest
-from m2mwire.schemas.identity import ModelIdentity
 
 from m2mwire.errors import LimitExceeded, ProtocolError
+from m2mwire.schemas.identity import ModelIdentity
 from m2mwire.schemas.messages import (
     Capabilities,
     ClosePayload,

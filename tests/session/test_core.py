@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-from m2mwire.schemas.identity import ModelIdentity
 
 from m2mwire import avp
 from m2mwire.codecs import Algorithm, Encoding, decompress
@@ -23,6 +22,7 @@ from m2mwire.errors import (
     SessionRejected,
     SessionTimeout,
 )
+from m2mwire.schemas.identity import ModelIdentity
 from m2mwire.session.config import SessionConfig, Timers
 from m2mwire.session.core import (
     Closed,

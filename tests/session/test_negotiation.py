@@ -5,9 +5,9 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from m2mwire.schemas.identity import ModelIdentity
 
 from m2mwire.codecs import Algorithm, Encoding
+from m2mwire.schemas.identity import ModelIdentity
 from m2mwire.schemas.messages import Capabilities, CompressionCaps, LatentCaps
 from m2mwire.session.negotiation import (
     Negotiated,
