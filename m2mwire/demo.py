@@ -8,6 +8,7 @@ tokens, and what the server agent answered.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from typing import Any
 
@@ -78,7 +79,18 @@ def _codec_table() -> None:
     algs = [Algorithm.TOKENNATIVE, Algorithm.TOKEN, Algorithm.BROTLI, Algorithm.DICTIONARY, Algorithm.NONE]
     header = f"{'payload':28} {'original':>14}" + "".join(f" {a.value:>16}" for a in algs)
     print(header)
-    for name, content in sample_payloads()[:8]:
+    shown = {
+        "req_hello_min",
+        "req_system_user",
+        "req_travel_3turns",
+        "req_tools_weather",
+        "resp_tool_calls",
+        "req_multilingual_conversation",
+        "prose_paragraph_1k",
+        "resp_markdown_4k",
+        "req_rag_context_11k",
+    }
+    for name, content in (item for item in sample_payloads() if item[0] in shown):
         row = f"{name[:28]:28} {len(content.encode()):>6}B/{count_tokens(content):>5}t"
         for alg in algs:
             try:
@@ -116,11 +128,7 @@ async def _client_run(url: str, **options: Any) -> None:
         print(f"   session {info.session_id}")
         print(f"   algorithms {[a.value for a in info.algorithms]}  encoding {info.encoding.value}")
         print(f"   mode {info.mode} ({info.mode_reason})  max_payload {info.max_payload}")
-        payloads = dict(sample_payloads())
-        chat = next(v for k, v in payloads.items() if "request" in k)
-        import json
-
-        request = json.loads(chat)
+        request = json.loads(dict(sample_payloads())["req_travel_3turns"])
         plan: list[tuple[str, Any, str | None, bool]] = [
             ("chat request (auto)", request, None, False),
             ("chat request (tokennative)", request, "tokennative", False),
