@@ -432,6 +432,8 @@ async def _open_channel(ep: _Endpoint, config: SessionConfig, topts: dict[str, A
             raise TypeError("connection= takes a connection from m2mwire.open_quic_connection()")
         return await shared.open_channel(max_message_size=max_size)
     qopts = {k: v for k, v in topts.items() if k in _QUIC_CLIENT_OPTIONS}
+    if "open_timeout" in topts:
+        qopts["connect_timeout"] = topts["open_timeout"]
     return await open_quic_channel(ep.host, ep.port, max_message_size=max_size, **qopts)
 
 
@@ -597,11 +599,15 @@ class Server:
             await self._impl.wait_closed()
 
     async def aclose(self) -> None:
-        """Stop accepting, close every live session (CLOSE handshake), then stop."""
-        self.close()
+        """Close every live session (CLOSE handshake), then stop the listener and wait for it.
+
+        Sessions go first: a QUIC server's close ends its connections at once, which would cut
+        the CLOSE exchange short.
+        """
         await asyncio.gather(
             *(s.close("server shutting down") for s in list(self._sessions)), return_exceptions=True
         )
+        self.close()
         await self.wait_closed()
 
     async def serve_forever(self) -> None:

@@ -357,3 +357,23 @@ async def test_version_mismatch_over_the_wire(scheme: str) -> None:
         reply = json.loads(await asyncio.wait_for(channel.recv(), 10))
         assert reply["payload"]["code"] == "VERSION_MISMATCH"
         await channel.close()
+
+
+async def test_server_shutdown_closes_sessions_in_order(scheme: str) -> None:
+    started = asyncio.Event()
+
+    async def handler(session: Session) -> None:
+        started.set()
+        async for _ in session:
+            pass
+
+    server = await serve(handler, f"{scheme}://127.0.0.1:0")
+    session = await connect(server.url, **client_opts(server))
+    await asyncio.wait_for(started.wait(), 10)
+    await asyncio.wait_for(server.aclose(), 15)
+    with pytest.raises(SessionClosed):
+        await asyncio.wait_for(session.recv(), 10)
+    event = session.close_event
+    assert event is not None and event.by_peer and event.error is None
+    assert event.reason == "server shutting down"
+    await session.close()
