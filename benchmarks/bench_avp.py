@@ -14,7 +14,6 @@ that peaks at <= 2x the payload size (tracemalloc, numpy allocations included, i
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import json
 import os
@@ -22,8 +21,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import avp as sdk  # noqa: E402
+import deflate  # noqa: E402
 import numpy as np  # noqa: E402
 
 from m2mwire import avp  # noqa: E402
@@ -49,45 +48,21 @@ META = {
 }
 
 
-Contender = Callable[[], object] | tuple[Callable[[], object], Callable[[], AbstractContextManager[None]]]
-
-
-def interleaved(contenders: dict[str, Contender], trials: int, number: int) -> dict[str, float]:
-    """Median seconds per call of each contender, trials interleaved round-robin.
-
-    A contender is a function, or (function, settings) where ``settings()`` is a context manager
-    entered around each batch of calls (e.g. to switch the CRC backend).
-    """
-    plans = {
-        name: c if isinstance(c, tuple) else (c, contextlib.nullcontext) for name, c in contenders.items()
-    }
-    times: dict[str, list[float]] = {name: [] for name in plans}
-    for fn, settings in plans.values():  # warm up
-        with settings():
-            fn()
+def interleaved(contenders: dict[str, Callable[[], object]], trials: int, number: int) -> dict[str, float]:
+    """Median seconds per call of each contender, trials interleaved round-robin."""
+    times: dict[str, list[float]] = {name: [] for name in contenders}
+    for fn in contenders.values():  # warm up
+        fn()
     for _ in range(trials):
-        for name, (fn, settings) in plans.items():
-            with settings():
-                gc.collect()
-                gc.disable()
-                start = time.perf_counter()
-                for _ in range(number):
-                    fn()
-                times[name].append((time.perf_counter() - start) / number)
-                gc.enable()
+        for name, fn in contenders.items():
+            gc.collect()
+            gc.disable()
+            start = time.perf_counter()
+            for _ in range(number):
+                fn()
+            times[name].append((time.perf_counter() - start) / number)
+            gc.enable()
     return {name: statistics.median(t) for name, t in times.items()}
-
-
-@contextlib.contextmanager
-def crc_settings(backend: str, threads: int | None = None) -> Iterator[None]:
-    before = avp.checksum_backend()
-    avp.set_checksum_backend(backend)
-    avp.set_checksum_threads(threads)
-    try:
-        yield
-    finally:
-        avp.set_checksum_threads(None)
-        avp.set_checksum_backend(None if before == "zlib" else before)
 
 
 def bench_hidden() -> dict[str, float]:
@@ -108,12 +83,7 @@ def bench_hidden() -> dict[str, float]:
         msg = avp.decode(avp.encode(hidden, ours_md))
         return msg.tensor(), msg.metadata
 
-    contenders: dict[str, Contender] = {
-        "sdk": sdk_rt,
-        "ours": ours_rt,
-        "ours+metadata": ours_rt_md,
-        "ours, zlib CRC": (ours_rt, lambda: crc_settings("zlib")),
-    }
+    contenders = {"sdk": sdk_rt, "ours": ours_rt, "ours+metadata": ours_rt_md}
     return interleaved(contenders, trials=HIDDEN_TRIALS, number=HIDDEN_NUMBER)
 
 
@@ -148,11 +118,9 @@ def bench_kv(level: int) -> dict[str, float]:
         avp.encode_kv_cache_parts(layers, compress=level, **META)  # type: ignore[arg-type]
         return avp.decode(frame).kv_cache().layers
 
-    contenders: dict[str, Contender] = {"sdk": sdk_rt, "ours (bytes)": ours_bytes_rt}
+    contenders = {"sdk": sdk_rt, "ours (bytes)": ours_bytes_rt}
     if not level:
         contenders["ours (parts)"] = ours_parts_rt
-        contenders["ours (parts, zlib CRC)"] = (ours_parts_rt, lambda: crc_settings("zlib"))
-        contenders["ours (parts, zlib CRC, 1 thread)"] = (ours_parts_rt, lambda: crc_settings("zlib", 1))
     return interleaved(contenders, trials=7 if not level else 3, number=1)
 
 
@@ -200,7 +168,7 @@ def main() -> int:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(
         f"AVP codec benchmark: m2mwire vs avp {sdk.AVP_VERSION_STRING}, python {sys.version.split()[0]}, "
-        f"numpy {np.__version__}, {cpus} CPUs; CRC-32 of >= 8 KiB via {avp.checksum_backend()}"
+        f"numpy {np.__version__}, {cpus} CPUs; CRC-32 via deflate {deflate.__version__} (libdeflate)"
     )
     rows: list[tuple[str, str, str, str, str]] = []
     failures = 0
@@ -218,19 +186,10 @@ def main() -> int:
     h = bench_hidden()
     row("hidden 4096 fp32, encode+decode", 1 / h["sdk"], 1 / h["ours"], "msg/s", 1.5)
     row("  same, ours also builds .metadata", 1 / h["sdk"], 1 / h["ours+metadata"], "msg/s", None)
-    row("  same, zlib CRC (no libdeflate)", 1 / h["sdk"], 1 / h["ours, zlib CRC"], "msg/s", None)
     gb = KV_BYTES / 1e9
     kv = bench_kv(0)
     row("KV 64 MiB fp16, encode_parts+decode", gb / kv["sdk"], gb / kv["ours (parts)"], "GB/s", 3.0)
     row("  encode() to bytes + decode", gb / kv["sdk"], gb / kv["ours (bytes)"], "GB/s", None)
-    row("  parts, zlib CRC (no libdeflate)", gb / kv["sdk"], gb / kv["ours (parts, zlib CRC)"], "GB/s", None)
-    row(
-        "  parts, zlib CRC, 1 thread",
-        gb / kv["sdk"],
-        gb / kv["ours (parts, zlib CRC, 1 thread)"],
-        "GB/s",
-        None,
-    )
     kvz = bench_kv(1)
     row("KV 64 MiB fp16, zstd-1, encode+decode", gb / kvz["sdk"], gb / kvz["ours (bytes)"], "GB/s", None)
 
@@ -250,12 +209,11 @@ def main() -> int:
     )
     print(
         f"  hidden round trip: SDK {h['sdk'] * 1e6:.1f} us, ours {h['ours'] * 1e6:.1f} us "
-        f"(+metadata {h['ours+metadata'] * 1e6:.1f} us, zlib CRC {h['ours, zlib CRC'] * 1e6:.1f} us)"
+        f"(+metadata {h['ours+metadata'] * 1e6:.1f} us)"
     )
     print(
         f"  KV round trip: SDK {kv['sdk'] * 1e3:.0f} ms; ours: parts {kv['ours (parts)'] * 1e3:.0f} ms, "
-        f"bytes {kv['ours (bytes)'] * 1e3:.0f} ms, zlib CRC {kv['ours (parts, zlib CRC)'] * 1e3:.0f} ms, "
-        f"zlib 1 thread {kv['ours (parts, zlib CRC, 1 thread)'] * 1e3:.0f} ms"
+        f"bytes {kv['ours (bytes)'] * 1e3:.0f} ms"
     )
     print(f"  KV zstd-1 round trip: SDK {kvz['sdk'] * 1e3:.0f} ms, ours {kvz['ours (bytes)'] * 1e3:.0f} ms")
     print()

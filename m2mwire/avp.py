@@ -35,7 +35,6 @@ from m2mwire.codecs.avp import (
     MetadataFields,
     PayloadType,
     bfloat16_to_float32,
-    checksum_backend,
     crc32,
     decode,
     encode,
@@ -45,8 +44,6 @@ from m2mwire.codecs.avp import (
     float32_to_bfloat16,
     frame_length,
     parse_header,
-    set_checksum_backend,
-    set_checksum_threads,
 )
 from m2mwire.codecs.kvcache import (
     KV_HEADER_SIZE,
@@ -100,7 +97,6 @@ __all__ = [
     "PayloadType",
     "bfloat16_to_float32",
     "build_kv_payload",
-    "checksum_backend",
     "compute_model_hash",
     "compute_tokenizer_hash",
     "crc32",
@@ -120,7 +116,5 @@ __all__ = [
     "parse_header",
     "parse_kv_payload",
     "resolve_mode",
-    "set_checksum_backend",
-    "set_checksum_threads",
     "unpack_kv_header",
 ]

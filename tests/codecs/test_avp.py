@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import itertools
 import pickle
 import struct
 import zlib
@@ -621,29 +622,100 @@ def test_encode_refuses_payload_length_over_u32(monkeypatch: pytest.MonkeyPatch)
 
 
 # --------------------------------------------------------------------------------------------------
-# CRC-32 helpers
+# CRC-32: avp.crc32 (libdeflate via `deflate`, zlib below 64 bytes) must be zlib.crc32 exactly
+
+CRC_SIZES = [0, 1, 17, 63, 64, 65, 4095, 8192, 16384 + 5, (1 << 20) + 3]
 
 
-@settings(max_examples=200, deadline=None)
-@given(a=st.binary(max_size=300), b=st.binary(max_size=300))
-def test_crc32_combine(a: bytes, b: bytes) -> None:
-    assert codec.crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+@settings(max_examples=300, deadline=None)
+@given(data=st.binary(max_size=2000), value=st.integers(0, 0xFFFF_FFFF))
+def test_crc32_is_zlib_crc32(data: bytes, value: int) -> None:
+    assert avp.crc32(data) == zlib.crc32(data)
+    assert avp.crc32(data, value) == zlib.crc32(data, value)
+    assert avp.crc32(memoryview(data), value) == zlib.crc32(data, value)
 
 
-@pytest.mark.parametrize("threads", [1, 2, 3, 5])
-def test_parallel_crc_matches_zlib(threads: int) -> None:
-    rng = np.random.default_rng(threads)
-    chunks = [rng.bytes(n) for n in (17, 3 << 20, 1, 5 << 20, 777, 1 << 20)]
-    avp.set_checksum_threads(threads)
-    try:
-        assert avp.crc32(*chunks) == zlib.crc32(b"".join(chunks))
-        big = rng.bytes(9 << 20)
-        msg = avp.decode(avp.encode(big))
-        assert msg.metadata.payload_checksum == zlib.crc32(big)
-    finally:
-        avp.set_checksum_threads(None)
-    with pytest.raises(ValueError):
-        avp.set_checksum_threads(0)
+def test_crc32_check_value() -> None:
+    assert avp.crc32(b"123456789") == 0xCBF43926
+    assert avp.crc32(b"123456789" * 8) == zlib.crc32(b"123456789" * 8)  # past the zlib cut-over
+    with pytest.raises(TypeError):
+        avp.crc32("123456789")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("size", CRC_SIZES)
+@pytest.mark.parametrize("offset", [0, 1, 3, 7])
+def test_crc32_of_every_buffer_kind(size: int, offset: int) -> None:
+    data = np.random.default_rng(size + offset).bytes(size + offset)
+    expected = zlib.crc32(data[offset:])
+    buffers: list[Any] = [
+        data[offset:],
+        bytearray(data)[offset:],
+        memoryview(data)[offset:],  # read-only slice of bytes
+        memoryview(bytearray(data))[offset:],  # writable slice
+        np.frombuffer(data, dtype=np.uint8)[offset:],
+    ]
+    for buf in buffers:
+        assert avp.crc32(buf) == expected, type(buf)
+    if size % 4 == 0:  # multi-byte items: len() counts items, the CRC covers every byte
+        floats = np.frombuffer(data[offset:], dtype=np.float32)
+        assert avp.crc32(floats) == avp.crc32(memoryview(floats)) == expected
+        assert avp.crc32(floats.reshape(1, -1)) == expected  # len() == 1
+    frame = avp.encode(data[offset:], model_id="m")
+    for source in (frame, bytearray(frame), memoryview(b"xx" + frame)[2:]):
+        assert avp.decode(source).metadata.payload_checksum == expected
+
+
+def test_crc32_small_cut_over_counts_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """zlib is used below 64 *bytes*: a 2-D array with few rows still goes to libdeflate."""
+    used: list[str] = []
+    monkeypatch.setattr(codec, "_zlib_crc32", lambda d, v: used.append("zlib") or zlib.crc32(d, v))
+    monkeypatch.setattr(codec, "_deflate_crc32", lambda d, v: used.append("deflate") or zlib.crc32(d, v))
+    wide = np.ones((2, 4096), dtype=np.float32)
+    assert avp.crc32(wide) == zlib.crc32(wide)
+    assert avp.crc32(np.float32(1.5)) == zlib.crc32(np.float32(1.5))
+    assert avp.crc32(np.array(2.5, dtype=np.float32)) == zlib.crc32(np.array(2.5, dtype=np.float32))
+    assert avp.crc32(b"x" * 63) == zlib.crc32(b"x" * 63)
+    assert avp.crc32(memoryview(b"x" * 64)) == zlib.crc32(b"x" * 64)
+    assert used == ["deflate", "zlib", "zlib", "zlib", "deflate"]
+
+
+def test_crc32_running_value_across_pieces() -> None:
+    rng = np.random.default_rng(11)
+    data = rng.bytes(3 << 20)
+    cuts = sorted({0, len(data), *(int(c) for c in rng.integers(0, len(data), 40)), 5, 22, 86, 150})
+    crc = 0
+    for start, end in itertools.pairwise(cuts):  # pieces from 1 byte to ~1 MiB
+        crc = avp.crc32(memoryview(data)[start:end], crc)
+    assert crc == zlib.crc32(data)
+    chunks = [rng.bytes(n) for n in (17, 3 << 20, 1, 5 << 20, 777, 0, 1 << 20)]
+    assert codec._crc_chunks([memoryview(c) for c in chunks]) == zlib.crc32(b"".join(chunks))
+
+
+@pytest.mark.parametrize(
+    "buf",
+    [
+        np.arange(64, dtype=np.float32)[::2],
+        np.asfortranarray(np.ones((8, 8), dtype=np.float32)),
+        memoryview(bytes(256))[::2],
+        memoryview(bytes(16))[::2],
+    ],
+    ids=["strided-array", "fortran-array", "strided-view", "small-strided-view"],
+)
+def test_crc32_rejects_non_contiguous_like_zlib(buf: Any) -> None:
+    with pytest.raises((BufferError, ValueError)) as zlib_error:
+        zlib.crc32(buf)
+    with pytest.raises(zlib_error.type):
+        avp.crc32(buf)
+
+
+def test_big_payload_checksums() -> None:
+    big = np.random.default_rng(9).bytes(9 << 20)
+    msg = avp.decode(avp.encode(big))
+    assert msg.metadata.payload_checksum == zlib.crc32(big)
+    bad = bytearray(avp.encode(big))
+    bad[-1] ^= 1
+    with pytest.raises(ChecksumMismatch):
+        avp.decode(bad)
 
 
 def test_multi_buffer_compression_is_one_sized_frame() -> None:
@@ -655,45 +727,6 @@ def test_multi_buffer_compression_is_one_sized_frame() -> None:
     assert params.content_size == total
     assert zstandard.ZstdDecompressor().decompress(packed, allow_extra_data=False) == b"".join(chunks)
     assert packed == zstandard.ZstdCompressor(level=3).compress(b"".join(chunks))
-
-
-@pytest.fixture
-def restore_checksum_backend() -> Iterator[None]:
-    yield
-    avp.set_checksum_backend(None)
-    avp.set_checksum_threads(None)
-
-
-@pytest.mark.usefixtures("restore_checksum_backend")
-def test_checksum_backends_agree() -> None:
-    rng = np.random.default_rng(5)
-    chunks = [rng.bytes(n) for n in (5, 3 << 20, 100, (1 << 20) + 3)]
-    expected = zlib.crc32(b"".join(chunks))
-    avp.set_checksum_backend("zlib")
-    assert avp.checksum_backend() == "zlib"
-    assert avp.crc32(*chunks) == expected
-    if codec._load_libdeflate() is None:  # not installed here: asking for it fails clearly
-        with pytest.raises(ValueError, match="libdeflate"):
-            avp.set_checksum_backend("libdeflate")
-    else:
-        avp.set_checksum_backend("libdeflate")
-        assert avp.checksum_backend() == "libdeflate"
-        for threads in (1, 2):
-            avp.set_checksum_threads(threads)
-            assert avp.crc32(*chunks) == expected
-            data = avp.encode(b"".join(chunks))
-            assert avp.decode(data).metadata.payload_checksum == expected
-    with pytest.raises(ValueError, match="unknown checksum backend"):
-        avp.set_checksum_backend("crc32c")
-
-
-@pytest.mark.usefixtures("restore_checksum_backend")
-def test_environment_turns_libdeflate_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("M2MWIRE_AVP_CRC", "zlib")
-    avp.set_checksum_backend(None)
-    assert avp.checksum_backend() == "zlib"
-    big = bytes(range(256)) * 8192
-    assert avp.decode(avp.encode(big)).metadata.payload_checksum == zlib.crc32(big)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "int8"])
@@ -721,28 +754,3 @@ def test_fast_path_declines_what_it_does_not_handle() -> None:
         avp.encode(np.ones(4, dtype=np.float32), avp.AVPMetadata(dtype=avp.DataType.FLOAT16))
     with pytest.raises(EncodeError, match="tensor_shape"):
         avp.encode(np.ones(4, dtype=np.float32), avp.AVPMetadata(tensor_shape=(5,)))
-
-
-@pytest.mark.usefixtures("restore_checksum_backend")
-@pytest.mark.parametrize("backend", ["zlib", "libdeflate"])
-@pytest.mark.parametrize("size", [0, 1, 8191, 8192, 16384, (1 << 20) + 3])
-def test_crc_of_every_buffer_kind(backend: str, size: int) -> None:
-    """The libdeflate path finds buffer addresses three ways; each must checksum the right bytes."""
-    if backend == "libdeflate" and codec._load_libdeflate(respect_env=False) is None:
-        with pytest.raises(ValueError):
-            avp.set_checksum_backend(backend)
-        return
-    avp.set_checksum_backend(backend)
-    data = np.random.default_rng(size).bytes(size + 7)
-    expected = zlib.crc32(data[7:])
-    ro = memoryview(data)[7:]
-    rw = memoryview(bytearray(data))[7:]
-    arr = np.frombuffer(data, dtype=np.uint8)[7:]  # read-only, not bytes
-    assert codec._crc_one(ro, data, 7) == expected  # read-only slice of bytes: c_char_p address
-    assert codec._crc_one(ro) == expected  # read-only without owner: numpy address
-    assert codec._crc_one(rw) == expected  # writable: c_char.from_buffer address
-    assert codec._crc_one(arr.data) == expected
-    assert codec._crc_seq([ro[:3], rw[3:], memoryview(b"")]) == expected
-    frame = avp.encode(data[7:], model_id="m")
-    for source in (frame, bytearray(frame), memoryview(b"xx" + frame)[2:]):
-        assert avp.decode(source).metadata.payload_checksum == expected
