@@ -62,11 +62,20 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from m2mwire.api import Server, Session, connect, open_quic_connection, serve  # noqa: F401
-    from m2mwire.codecs import compress, compress_binary, decompress, decompress_binary  # noqa: F401
-    from m2mwire.schemas.identity import ModelIdentity  # noqa: F401
-    from m2mwire.session.config import Timers  # noqa: F401
-    from m2mwire.session.core import Message, SessionInfo  # noqa: F401
+    # "import X as X": explicit re-exports, so type checkers see m2mwire.connect and friends.
+    from m2mwire.api import Server as Server
+    from m2mwire.api import Session as Session
+    from m2mwire.api import connect as connect
+    from m2mwire.api import open_quic_connection as open_quic_connection
+    from m2mwire.api import serve as serve
+    from m2mwire.codecs import compress as compress
+    from m2mwire.codecs import compress_binary as compress_binary
+    from m2mwire.codecs import decompress as decompress
+    from m2mwire.codecs import decompress_binary as decompress_binary
+    from m2mwire.schemas.identity import ModelIdentity as ModelIdentity
+    from m2mwire.session.config import Timers as Timers
+    from m2mwire.session.core import Message as Message
+    from m2mwire.session.core import SessionInfo as SessionInfo
 
 
 def __getattr__(name: str) -> Any:

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from m2mwire.codecs import Algorithm, resolve_algorithm
-from m2mwire.codecs.avp import AVPMessage
+from m2mwire.codecs.avp import AVPMessage, AVPMetadata
 from m2mwire.errors import EncodeError, M2MError, SessionClosed, TransportError
 from m2mwire.session.config import SessionConfig, make_config
 from m2mwire.session.core import (
@@ -92,6 +92,7 @@ class Session:
         self._writer_wakeup = asyncio.Event()
         self._timer_handle: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
+        self._avp_metadata: AVPMetadata | None = None
         self._push = False  # messages arrive through _feed callbacks rather than a reader task
         self._paused = False
 
@@ -226,17 +227,21 @@ class Session:
         if isinstance(content, bytes | bytearray | memoryview):
             return [content]
         if isinstance(content, np.ndarray):
-            info = self.info
-            identity = self._protocol.config.identity
-            return avp.encode_parts(
-                content,
-                session_id=info.session_id,
-                source_agent_id=self._protocol.config.agent_id,
-                target_agent_id=info.peer_agent_id,
-                model_id=identity.model_id if identity is not None else "",
-                mode="LATENT",
-                avp_map_id=info.avp_map_id,
-            )
+            if self._avp_metadata is None:
+                # Built once per session: identical metadata keeps encode_parts on its fast path.
+                info = self.info
+                identity = self._protocol.config.identity
+                self._avp_metadata = avp.AVPMetadata(
+                    session_id=info.session_id,
+                    source_agent_id=self._protocol.config.agent_id,
+                    target_agent_id=info.peer_agent_id,
+                    model_id=identity.model_id if identity is not None else "",
+                    hidden_dim=identity.hidden_dim if identity is not None else 0,
+                    num_layers=identity.num_layers if identity is not None else 0,
+                    mode=avp.CommunicationMode.LATENT,
+                    avp_map_id=info.avp_map_id,
+                )
+            return avp.encode_parts(content, self._avp_metadata)
         raise EncodeError(
             f"send() takes str, dict, list, a numpy array, an AVPMessage or AVP frame bytes, "
             f"not {type(content).__name__}"
