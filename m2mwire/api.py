@@ -70,10 +70,11 @@ class Session:
     """One established session: send and receive DATA, then close.
 
     Obtain one from :func:`connect` (client) or as the argument of a :func:`serve` handler.
-    A reader task moves channel -> protocol -> inbox. ``send()`` writes its own message in the
-    caller's task (under a write lock, so output stays in protocol order); what the reader or the
-    timer makes the protocol say (PONG, CLOSE acknowledgements) is written by a writer task. The
-    reader never waits for a write, so a full-duplex exchange cannot deadlock on control messages.
+    Received messages go channel -> protocol -> inbox, pushed by the channel where it can (WebSocket)
+    or pulled by a reader task (QUIC). ``send()`` writes its own message in the caller's task (under
+    a write lock, so output stays in protocol order); what receiving or a timer makes the protocol
+    say (PONG, CLOSE acknowledgements) is written by a writer task. Receiving never waits for a
+    write, so a full-duplex exchange cannot deadlock on control messages.
     """
 
     def __init__(self, channel: Channel, protocol: SessionProtocol) -> None:
