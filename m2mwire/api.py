@@ -63,6 +63,7 @@ _TRANSPORT_OPTIONS = frozenset(
         "connection",
     }
 )
+_MAX_OUTPUT_BACKLOG = 64  # queued control messages (PONGs, ...) before we stop reading the peer
 _QUIC_CLIENT_OPTIONS = ("cafile", "cadata", "fingerprint", "insecure", "server_name", "idle_timeout")
 
 
@@ -84,7 +85,8 @@ class Session:
         self._max_queue = max(1, protocol.config.max_queue)
         self._inbox: deque[Message] = deque()
         self._inbox_changed = asyncio.Event()
-        self._inbox_space = asyncio.Event()
+        self._resume_reading = asyncio.Event()  # set while we read (pull-mode reader waits on it)
+        self._resume_reading.set()
         self._established: asyncio.Future[SessionInfo] = self._loop.create_future()
         self._closed = asyncio.Event()
         self._transport_closed = False
@@ -95,7 +97,8 @@ class Session:
         self._timer_at: float | None = None
         self._avp_metadata: AVPMetadata | None = None
         self._push = False  # messages arrive through _feed callbacks rather than a reader task
-        self._paused = False
+        self._paused = False  # we stopped reading on purpose (see _update_reading)
+        self._closing = False
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -165,11 +168,8 @@ class Session:
             self._inbox_changed.clear()
             await self._inbox_changed.wait()
         message = self._inbox.popleft()
-        if len(self._inbox) < self._max_queue:
-            self._inbox_space.set()
-            if self._paused and len(self._inbox) <= self._max_queue // 2:
-                self._paused = False
-                self._channel.resume_reading()  # type: ignore[attr-defined]
+        if self._paused:
+            self._update_reading()
         return message
 
     def __aiter__(self) -> AsyncIterator[Message]:
@@ -188,12 +188,19 @@ class Session:
 
     async def close(self, reason: str = "") -> None:
         """Close the session: CLOSE, wait for the acknowledgement (close_timeout), close the channel."""
+        timeout = self._protocol.config.timers.close_timeout
+        self._closing = True
+        self._update_reading()  # the acknowledgement must be readable even if the inbox is full
         if self._protocol.state is not State.CLOSED:
             self._protocol.close(self._loop.time(), reason)
             self._after_protocol_step()
-            await self._write_pending()
+            try:
+                async with asyncio.timeout(timeout):
+                    await self._write_pending()
+            except TimeoutError:  # the peer reads nothing: our CLOSE cannot even be written
+                self._abort_channel()
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self._protocol.config.timers.close_timeout + 1.0):
+            async with asyncio.timeout(timeout + 1.0):
                 await self._closed.wait()
         await self._shutdown()
 
@@ -279,6 +286,8 @@ class Session:
 
     def _on_timer(self) -> None:
         self._timer_handle = self._timer_at = None
+        if self._paused:
+            self._protocol.reading_suspended(self._loop.time())
         self._protocol.handle_timer(self._loop.time())
         self._after_protocol_step()
         self._writer_wakeup.set()
@@ -289,20 +298,26 @@ class Session:
             self._established.exception()  # mark retrieved: a server may never await it
         self._closed.set()
         self._inbox_changed.set()
-        self._inbox_space.set()
+        self._update_reading()
+        if self._write_lock.locked() and not self._transport_closed:
+            # A write is blocked (the peer stopped reading): give it close_timeout to finish,
+            # then cut the connection so nothing waits forever.
+            self._loop.call_later(self._protocol.config.timers.close_timeout, self._abort_channel)
 
     async def _write_pending(self) -> None:
         """Write everything the protocol has queued, in order (waits under backpressure)."""
         async with self._write_lock:
-            while outputs := self._protocol.data_to_send():
-                for out in outputs:
-                    if isinstance(out, CloseTransport):
-                        await self._close_channel(out.code, out.reason)
-                    elif not self._transport_closed:
-                        try:
-                            await self._channel.send(out.message)
-                        except TransportError as exc:
-                            self._on_transport_closed(exc)
+            # One output at a time: a cancelled write loses nothing queued behind it.
+            while (out := self._protocol.next_output()) is not None:
+                if isinstance(out, CloseTransport):
+                    await self._close_channel(out.code, out.reason)
+                elif not self._transport_closed:
+                    try:
+                        await self._channel.send(out.message)
+                    except TransportError as exc:
+                        self._on_transport_closed(exc)
+                if self._paused:
+                    self._update_reading()
 
     async def _writer(self) -> None:
         while True:
@@ -323,19 +338,42 @@ class Session:
             self._after_protocol_step()
             if proto.has_output:
                 self._writer_wakeup.set()  # PONG, CLOSE acknowledgement, REJECT, ...
-            if self._push and not self._paused and len(self._inbox) >= self._max_queue:
-                self._paused = True  # the application is slow: stop reading (backpressure)
-                self._channel.pause_reading()  # type: ignore[attr-defined]
+            self._update_reading()
         except Exception:  # a bug must not leave the application waiting forever
             log.exception("session failed to process a message")
+            self._abort_channel()
             self._on_transport_closed(TransportError("internal error while processing a message"))
+
+    def _update_reading(self) -> None:
+        """Stop reading while the application lags (inbox full) or the peer makes us queue output
+        faster than it reads (e.g. a PING flood); resume at half those marks."""
+        if self._closing or self._closed.is_set():
+            pause = False
+        elif self._paused:
+            pause = (
+                len(self._inbox) > self._max_queue // 2
+                or self._protocol.output_backlog > _MAX_OUTPUT_BACKLOG // 2
+            )
+        else:
+            pause = len(self._inbox) >= self._max_queue or self._protocol.output_backlog > _MAX_OUTPUT_BACKLOG
+        if pause == self._paused:
+            return
+        self._paused = pause
+        if pause:
+            self._resume_reading.clear()
+        else:
+            self._resume_reading.set()
+        if self._push and not self._transport_closed:
+            channel: PushChannel = self._channel  # type: ignore[assignment]
+            if pause:
+                channel.pause_reading()
+            else:
+                channel.resume_reading()
 
     async def _reader(self) -> None:
         """Pull-mode channels (e.g. QUIC): read, feed, and stop reading while the inbox is full."""
         while self._protocol.state is not State.CLOSED:
-            while len(self._inbox) >= self._max_queue and not self._closed.is_set():
-                self._inbox_space.clear()
-                await self._inbox_space.wait()
+            await self._resume_reading.wait()
             try:
                 data = await self._channel.recv()
             except TransportError as exc:
@@ -352,9 +390,18 @@ class Session:
         if self._transport_closed:
             return
         self._transport_closed = True
-        with contextlib.suppress(Exception):
-            async with asyncio.timeout(5.0):
+        try:
+            async with asyncio.timeout(self._protocol.config.timers.close_timeout):
                 await self._channel.close(code, reason)
+        except Exception:  # a peer that does not complete the closing handshake
+            self._channel.abort()
+
+    def _abort_channel(self) -> None:
+        """Drop the connection now (no closing handshake); idempotent."""
+        if self._transport_closed:
+            return
+        self._transport_closed = True
+        self._channel.abort()
 
     async def _shutdown(self) -> None:
         # Put out what the protocol queued last (REJECT, CLOSE), briefly.
@@ -562,7 +609,7 @@ class Server:
                 channel.set_max_message_size(info.max_payload)
             try:
                 await self._handler(session)
-            except SessionClosed as exc:
+            except (SessionClosed, TransportError) as exc:
                 log.info("session %s ended in handler: %s", info.session_id, exc)
             except Exception:
                 log.exception("session handler failed for session %s", info.session_id)

@@ -61,7 +61,7 @@ class CompressionCaps(msgspec.Struct, kw_only=True):
     streaming: bool = False
     ml_routing: bool = False
     encodings: list[str] = msgspec.field(default_factory=list)
-    preferred_encoding: str = "Cl100kBase"
+    preferred_encoding: str = ""  # absent: no preference (we always send one)
 
 
 class SecurityCaps(msgspec.Struct, kw_only=True):
@@ -260,7 +260,7 @@ def _decode_caps(raw: msgspec.Raw) -> Capabilities:
             max_payload=flat.max_payload_size,
             streaming=flat.supports_streaming,
             encodings=flat.encodings,
-            preferred_encoding=flat.preferred_encoding or "Cl100kBase",
+            preferred_encoding=flat.preferred_encoding or "",
         ),
         security=SecurityCaps(threat_detection=flat.security_scanning),
     )

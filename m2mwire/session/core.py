@@ -341,7 +341,7 @@ class SessionProtocol:
                     "MALFORMED_MESSAGE",
                 )
                 return
-        except (DecodeError, LimitExceeded) as exc:
+        except M2MError as exc:  # DecodeError, LimitExceeded, TokenizerUnavailable, ...
             self._protocol_violation(f"undecodable binary frame: {exc}", "INVALID_DATA")
             return
         self._deliver(message, now)
@@ -480,6 +480,14 @@ class SessionProtocol:
             self._pong_deadline = None
             self._closed_error = err
 
+    def reading_suspended(self, now: float) -> None:
+        """The shell stopped reading on purpose (the application is slow): whatever the peer sent
+        (PONGs, DATA, the CLOSE acknowledgement) waits unread, so it must not count as silence."""
+        self._last_received = now
+        self._last_data = now
+        self._missed_pongs = 0
+        self._pong_deadline = None
+
     def next_deadline(self) -> float | None:
         """The earliest time at which handle_timer() has something to do."""
         t = self.config.timers
@@ -497,6 +505,15 @@ class SessionProtocol:
     @property
     def has_output(self) -> bool:
         return bool(self._outputs)
+
+    @property
+    def output_backlog(self) -> int:
+        """Outputs queued and not yet taken: the shell stops reading when this grows (PING floods)."""
+        return len(self._outputs)
+
+    def next_output(self) -> Output | None:
+        """Take the next output, one at a time (a cancelled write then loses nothing else)."""
+        return self._outputs.popleft() if self._outputs else None
 
     def data_to_send(self) -> list[Output]:
         out = list(self._outputs)
@@ -589,7 +606,7 @@ class SessionProtocol:
                 kind: Literal["text", "json"] = "json"
             else:
                 value, kind = None, "text"
-        except (DecodeError, LimitExceeded) as exc:
+        except M2MError as exc:  # DecodeError, LimitExceeded, TokenizerUnavailable, ...
             self._protocol_violation(f"undecodable DATA ({payload.algorithm}): {exc}", "INVALID_DATA")
             return
         message = Message(

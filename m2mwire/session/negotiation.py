@@ -103,6 +103,8 @@ def _min_payload(a: int, b: int) -> int:
 
 
 def _preferred(name: str) -> Encoding | None:
+    if not name:
+        return None
     try:
         return resolve_encoding(name)
     except M2MError:

@@ -58,6 +58,10 @@ class Channel(Protocol):
         """Close the channel (idempotent). Other channels of the same connection are unaffected."""
         ...
 
+    def abort(self) -> None:
+        """Drop the channel at once, without a closing handshake (idempotent)."""
+        ...
+
 
 @runtime_checkable
 class PushChannel(Channel, Protocol):

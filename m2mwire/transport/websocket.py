@@ -183,7 +183,18 @@ class WebSocketChannel:
             transport.resume_reading()
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
-        await self._ws.close(code, reason)
+        try:
+            await self._ws.close(code, reason)
+        finally:
+            # Cancelled or timed out before the peer finished the closing handshake: websockets
+            # would only drop the TCP connection after its own close_timeout, so do it now.
+            if not self._ws.connection_lost_waiter.done():
+                self.abort()
+
+    def abort(self) -> None:
+        transport = self._ws.transport
+        if transport is not None:
+            transport.abort()
 
 
 def _closed(exc: ConnectionClosed) -> TransportError:

@@ -237,3 +237,19 @@ def test_client_refuses_accept_without_common_algorithm() -> None:
         hello(["m2m"]), algorithms=(A.BROTLI,), encodings=(E.CL100K,), preferred_encoding=None, max_payload=0
     )
     assert isinstance(client, Refusal) and client.code == "NO_COMMON_ALGORITHM"
+
+
+def test_absent_preferred_encoding_means_no_preference() -> None:
+    # A client offering only O200k and naming no preference must get O200k, not the cl100k fallback.
+    from m2mwire.schemas.messages import decode_message
+
+    raw = (
+        '{"type":"HELLO","payload":{"version":"3.0","agent_id":"a","agent_type":"t","compression":'
+        '{"algorithms":["tokennative"],"max_payload":0,"streaming":false,"ml_routing":false,'
+        '"encodings":["O200kBase"]},"security":{"threat_detection":false,"blocking_mode":false,'
+        '"block_threshold":0.8}},"timestamp":1}'
+    )
+    caps = decode_message(raw).payload
+    assert isinstance(caps, Capabilities)
+    result = server(caps, (A.TOKENNATIVE,), (E.CL100K, E.O200K))
+    assert result.encoding is E.O200K
