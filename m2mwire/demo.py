@@ -14,7 +14,6 @@ from typing import Any
 
 import numpy as np
 
-from m2mwire import avp
 from m2mwire.api import Session, connect, serve
 from m2mwire.codecs import Algorithm, compress, count_tokens
 from m2mwire.samples import sample_payloads
@@ -166,7 +165,6 @@ async def run_demo() -> None:
                 options["fingerprint"] = server.fingerprint  # pin the server's generated certificate
             await _client_run(server.url, **options)
             print()
-    _ = avp  # the AVP codec is exercised through Session.send(ndarray)
 
 
 def main() -> None:
