@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -364,7 +364,7 @@ class Session:
         else:
             self._resume_reading.set()
         if self._push and not self._transport_closed:
-            channel: PushChannel = self._channel  # type: ignore[assignment]
+            channel = cast(PushChannel, self._channel)  # _push is set only for PushChannels
             if pause:
                 channel.pause_reading()
             else:
