@@ -211,6 +211,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 class _Loaded:
     tokenizer: tiktoken.Encoding
     max_token_bytes: int
+    table: list[bytes | None]  # token id -> its bytes (None: not in the vocabulary), for fast decoding
 
 
 _registered: dict[Encoding, Path] = {}
@@ -314,7 +315,12 @@ def _load(enc: Encoding) -> _Loaded:
         enc.value, pat_str=spec.pat_str, mergeable_ranks=ranks, special_tokens=dict(spec.special_tokens)
     )
     longest = max(max(map(len, ranks)), max(len(s.encode()) for s in spec.special_tokens))
-    return _Loaded(tokenizer, longest)
+    table: list[bytes | None] = [None] * tokenizer.n_vocab
+    for token, rank in ranks.items():
+        table[rank] = token
+    for name, rank in spec.special_tokens.items():
+        table[rank] = name.encode()
+    return _Loaded(tokenizer, longest, table)
 
 
 def _loaded(encoding: str | Encoding) -> _Loaded:
@@ -342,6 +348,11 @@ def get_tokenizer(encoding: str | Encoding) -> tiktoken.Encoding:
 def max_token_bytes(encoding: str | Encoding) -> int:
     """Length in bytes of the longest token (ordinary or special) of ``encoding``."""
     return _loaded(encoding).max_token_bytes
+
+
+def token_table(encoding: str | Encoding) -> list[bytes | None]:
+    """Token id -> token bytes (None for ids outside the vocabulary); do not modify it."""
+    return _loaded(encoding).table
 
 
 def count_tokens(text: str, encoding: str | Encoding = Encoding.CL100K) -> int:

@@ -13,8 +13,16 @@ silently falls back to cl100k); ``L`` is the real Llama 3 vocabulary (the refere
 from __future__ import annotations
 
 from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits, check_size
-from m2mwire.codecs.tokenizers import Encoding, get_tokenizer, max_token_bytes, resolve_encoding
-from m2mwire.codecs.varint import b64decode, b64encode, pack_varints, unpack_varints, utf8
+from m2mwire.codecs.tokenizers import Encoding, get_tokenizer, max_token_bytes, resolve_encoding, token_table
+from m2mwire.codecs.varint import (
+    b64decode,
+    b64encode,
+    c_detokenize,
+    pack_varints,
+    unpack_varints,
+    utf8,
+    varint_error,
+)
 from m2mwire.errors import DecodeError
 
 __all__ = [
@@ -86,8 +94,11 @@ def decode_tokennative(wire: str, *, limits: Limits = DEFAULT_LIMITS) -> str:
     """Decode a ``#TK|<id>|<base64>`` message to the original text."""
     check_size("TokenNative wire message", len(wire), limits.max_message_bytes)
     enc, start = parse_tk_header(wire)
-    data = b64decode(wire[start:], what="TokenNative base64", offset=start)
-    return _detokenize(data, enc, limits)
+    fast = _c_decode(wire, start, enc, limits)  # wire -> token bytes in one C pass
+    if fast is not None:
+        return _utf8_text(fast)
+    ids = unpack_varints(b64decode(wire[start:], what="TokenNative base64", offset=start))
+    return _ids_to_text(ids, enc, limits)
 
 
 def decompress_binary(data: bytes | bytearray | memoryview, *, limits: Limits = DEFAULT_LIMITS) -> str:
@@ -102,11 +113,40 @@ def decompress_binary(data: bytes | bytearray | memoryview, *, limits: Limits = 
             f"unknown TokenNative binary tokenizer byte {raw[0]} at offset 0: expected 0 (cl100k_base), "
             "1 (o200k_base) or 2 (llama3); unlike the Rust reference, m2mwire does not fall back to cl100k"
         )
-    return _detokenize(raw[1:], enc, limits)
+    fast = _c_decode(raw, 1, enc, limits)
+    if fast is not None:
+        return _utf8_text(fast)
+    return _ids_to_text(unpack_varints(raw[1:]), enc, limits)
 
 
-def _detokenize(varints: bytes, enc: Encoding, limits: Limits) -> str:
-    ids = unpack_varints(varints)
+def _c_decode(data: str | bytes, start: int, enc: Encoding, limits: Limits) -> bytes | None:
+    """The C fast path (m2mwire/codecs/_varint.c); None when it is not built or the base64 is not
+    strict (the Python path then raises the precise error)."""
+    if c_detokenize is None:
+        return None
+    try:
+        return c_detokenize(data, start, token_table(enc), limits.max_output_bytes)
+    except ValueError as exc:
+        kind, position, value = exc.args
+        if kind == "unknown":
+            raise DecodeError(
+                f"token id {value} (token #{position}) is not in the {enc.value} vocabulary"
+            ) from None
+        if kind == "limit":
+            check_size("decoded TokenNative content", position, value)
+        raise varint_error(kind, position, value) from None
+
+
+def _utf8_text(text_bytes: bytes) -> str:
+    try:
+        return text_bytes.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DecodeError(
+            f"TokenNative tokens decode to invalid UTF-8 at byte {exc.start} of the output ({exc.reason})"
+        ) from None
+
+
+def _ids_to_text(ids: list[int], enc: Encoding, limits: Limits) -> str:
     tokenizer = get_tokenizer(enc)
     limit = limits.max_output_bytes
     try:
@@ -125,12 +165,7 @@ def _detokenize(varints: bytes, enc: Encoding, limits: Limits) -> str:
         # tiktoken raises KeyError for an id that is neither a rank nor a special token.
         raise _unknown_token(ids, tokenizer.name, enc) from None
     check_size("decoded TokenNative content", len(text_bytes), limit)
-    try:
-        return text_bytes.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DecodeError(
-            f"TokenNative tokens decode to invalid UTF-8 at byte {exc.start} of the output ({exc.reason})"
-        ) from None
+    return _utf8_text(text_bytes)
 
 
 def _unknown_token(ids: list[int], name: str, enc: Encoding) -> DecodeError:

@@ -14,7 +14,7 @@ offending byte offset. Base64 and UTF-8 helpers live here too, so every codec sh
 from __future__ import annotations
 
 import binascii
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,14 +31,25 @@ from google.protobuf.message import (  # type: ignore[import-untyped,unused-igno
 
 from m2mwire.errors import DecodeError, EncodeError
 
+_c_unpack: Callable[[bytes], list[int]] | None
+c_detokenize: Callable[[str | bytes, int, list[bytes | None], int], bytes | None] | None
+try:  # optional C helper (m2mwire/codecs/_varint.c), built when a compiler is available
+    from m2mwire.codecs import _varint
+
+    _c_unpack, c_detokenize = _varint.unpack, _varint.detokenize
+except ImportError:  # pragma: no cover - depends on the build
+    _c_unpack = c_detokenize = None
+
 __all__ = [
     "MAX_VARINT_BYTES",
     "b64decode",
     "b64encode",
+    "c_detokenize",
     "pack_varints",
     "unpack_varints",
     "unpack_varints_numpy",
     "utf8",
+    "varint_error",
 ]
 
 MAX_VARINT_BYTES = 5  # enough for any uint32; longer varints are rejected
@@ -96,6 +107,29 @@ def unpack_varints(data: bytes) -> list[int]:
     or >= 2**32 varints, naming the byte offset."""
     if not data:
         return []
+    if _c_unpack is not None:
+        try:
+            values: list[int] = _c_unpack(data)
+        except ValueError as exc:
+            kind, offset, value = exc.args
+            raise varint_error(kind, offset, value) from None
+        return values
+    return _unpack_varints_protobuf(data)
+
+
+def varint_error(kind: str, offset: int, value: int) -> DecodeError:
+    """The DecodeError for a bad varint reported by the C helper as (kind, offset, value)."""
+    if kind == "truncated":
+        return DecodeError(
+            f"truncated varint: the stream ends inside the varint starting at byte offset {offset}"
+        )
+    if kind == "overlong":
+        return DecodeError(f"over-long varint at byte offset {offset}: more than {MAX_VARINT_BYTES} bytes")
+    return DecodeError(f"varint at byte offset {offset} is {value}, not below 2**32")
+
+
+def _unpack_varints_protobuf(data: bytes) -> list[int]:
+    """The pure-Python path (protobuf's C parser, numpy for rare long varints), used without _varint."""
     flags = data.translate(_CONTINUATION)
     if data[-1] & 0x80:
         start = len(flags.rstrip(b"\x01"))
@@ -110,8 +144,8 @@ def unpack_varints(data: bytes) -> list[int]:
         message.ParseFromString(b"\x0a" + _leb128(len(data)) + data)
     except _ProtobufDecodeError as exc:  # unreachable: the stream was checked above
         raise DecodeError(f"invalid varint stream: {exc}") from exc
-    values: list[int] = message.ids[:]
-    return values
+    result: list[int] = message.ids[:]
+    return result
 
 
 def unpack_varints_numpy(data: bytes) -> list[int]:

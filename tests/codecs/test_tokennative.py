@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from m2mwire.codecs import compress, decompress
 from m2mwire.codecs.limits import Limits
 from m2mwire.codecs.tokenizers import Encoding, get_tokenizer
 from m2mwire.codecs.tokennative import (
@@ -193,9 +195,48 @@ def test_output_limit_stops_early_on_huge_expansion(monkeypatch: pytest.MonkeyPa
             return out
 
     monkeypatch.setattr(tn, "get_tokenizer", lambda enc: Spy())
+    monkeypatch.setattr(tn, "c_detokenize", None)  # the pure-Python path, used without the C helper
     with pytest.raises(LimitExceeded, match="decoded TokenNative content"):
         decompress_binary(b"\x00" + pack_varints(ids), limits=Limits(max_output_bytes=1_000_000))
     assert len(decoded_lengths) == 1
+
+
+def test_output_limit_checked_before_allocating_in_the_c_path() -> None:
+    import tracemalloc
+
+    import m2mwire.codecs.tokennative as tn
+
+    assert tn.c_detokenize is not None
+    long_token = max(range(100_000), key=lambda i: len(get_tokenizer("C").decode_single_token_bytes(i)))
+    frame = b"\x00" + pack_varints([long_token] * 200_000)  # ~26 MB of output
+    tracemalloc.start()
+    try:
+        with pytest.raises(LimitExceeded, match="decoded TokenNative content"):
+            decompress_binary(frame, limits=Limits(max_output_bytes=1_000_000))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 4_000_000  # nothing close to the output size was allocated
+
+
+def test_c_and_python_paths_agree(monkeypatch: pytest.MonkeyPatch) -> None:
+    import m2mwire.codecs.tokennative as tn
+
+    texts = ["Hello, world!", "héllo wörld 👋 <|endoftext|>", "", "x" * 5000, "日本語のテキスト\n\tend"]
+    wires = [compress(t, "tokennative", encoding=e) for t in texts for e in ("C", "O", "L")]
+    bad = ["#TK|C|gA==", "#TK|C|gICAgIAB", "#TK|C|sk0L/Q4A=", "#TK|C|sk0", "#TK|C|gICEBw==", "#TK|C|/////w8="]
+    fast = [_outcome(decompress, w) for w in wires + bad]
+    monkeypatch.setattr(tn, "c_detokenize", None)
+    slow = [_outcome(decompress, w) for w in wires + bad]
+    assert fast == slow
+    assert fast[: len(texts) * 3] == [("ok", t) for t in texts for _ in range(3)]
+
+
+def _outcome(fn: Any, arg: Any) -> tuple[str, str]:
+    try:
+        return ("ok", fn(arg))
+    except Exception as exc:
+        return (type(exc).__name__, str(exc))
 
 
 def test_encode_wire_limit() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import random
 
 import pytest
 from hypothesis import given, settings
@@ -169,3 +170,24 @@ def test_utf8_rejects_lone_surrogates() -> None:
     assert utf8("héllo") == "héllo".encode()
     with pytest.raises(EncodeError, match=r"lone surrogate '\\ud800' at index 1; M2M messages must be UTF-8"):
         utf8("a\ud800b")
+
+
+def test_c_helper_is_built_and_matches_the_python_path() -> None:
+    # The optional C helper is what keeps TokenNative decoding fast; make (pip install -e .) builds it.
+    from m2mwire.codecs import varint
+
+    assert varint._c_unpack is not None, "m2mwire/codecs/_varint.c was not built: is a C compiler installed?"
+    rng = random.Random(7)
+    for _ in range(300):
+        ids = [
+            rng.choice([rng.randrange(128), rng.randrange(1 << 14), rng.randrange(1 << 32)])
+            for _ in range(50)
+        ]
+        data = pack_varints(ids)
+        assert varint._c_unpack(data) == varint._unpack_varints_protobuf(data) == ids
+    for bad in (b"\x80", b"\x01\x80", b"\x80\x80\x80\x80\x80\x01", b"\xff\xff\xff\xff\x7f"):
+        with pytest.raises(DecodeError) as c_err:
+            unpack_varints(bad)
+        with pytest.raises(DecodeError) as py_err:
+            varint._unpack_varints_protobuf(bad)
+        assert str(c_err.value) == str(py_err.value)
