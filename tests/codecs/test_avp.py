@@ -89,21 +89,25 @@ def test_encode_kv_map_zstd_matches_sdk_bytes() -> None:
     assert out[3] == 0x07
 
 
+# Every metadata field set (the SDK's all-fields vector).
+ALL_FIELDS = avp.AVPMetadata(
+    session_id="s1",
+    source_agent_id="a",
+    target_agent_id="b",
+    model_id="m",
+    hidden_dim=8,
+    num_layers=2,
+    payload_type=avp.PayloadType.KV_CACHE,
+    dtype=avp.DataType.BFLOAT16,
+    tensor_shape=(1, 2, 3),
+    mode=avp.CommunicationMode.JSON,
+    avp_map_id="x",
+    extra={"k": "v"},
+)
+
+
 def test_encode_all_fields_matches_sdk_bytes() -> None:
-    md = avp.AVPMetadata(
-        session_id="s1",
-        source_agent_id="a",
-        target_agent_id="b",
-        model_id="m",
-        hidden_dim=8,
-        num_layers=2,
-        payload_type=avp.PayloadType.KV_CACHE,
-        dtype=avp.DataType.BFLOAT16,
-        tensor_shape=(1, 2, 3),
-        mode=avp.CommunicationMode.JSON,
-        avp_map_id="x",
-        extra={"k": "v"},
-    )
+    md = ALL_FIELDS
     assert avp.encode(b"\x01\x02", md) == SDK_ALL_FIELDS
 
 
@@ -150,21 +154,7 @@ def test_decode_sdk_vectors_and_reencode(data: bytes) -> None:
 
 def test_decode_all_fields_metadata() -> None:
     md = avp.decode(SDK_ALL_FIELDS).metadata
-    assert md == avp.AVPMetadata(
-        session_id="s1",
-        source_agent_id="a",
-        target_agent_id="b",
-        model_id="m",
-        hidden_dim=8,
-        num_layers=2,
-        payload_type=avp.PayloadType.KV_CACHE,
-        dtype=avp.DataType.BFLOAT16,
-        tensor_shape=(1, 2, 3),
-        mode=avp.CommunicationMode.JSON,
-        avp_map_id="x",
-        extra={"k": "v"},
-        payload_checksum=zlib.crc32(b"\x01\x02"),
-    )
+    assert md == dataclasses.replace(ALL_FIELDS, payload_checksum=zlib.crc32(b"\x01\x02"))
     header = avp.decode(SDK_ALL_FIELDS).header
     assert (header.compressed, header.has_map, header.is_kv_cache) == (False, True, True)
     assert header.frame_length == len(SDK_ALL_FIELDS)
