@@ -58,7 +58,7 @@ def resolve_algorithm(name: str | Algorithm) -> Algorithm:
     if isinstance(name, Algorithm):
         return name
     if isinstance(name, str):
-        found = _ALGORITHM_ALIASES.get(name.strip().lower())
+        found = _ALGORITHM_ALIASES.get(name) or _ALGORITHM_ALIASES.get(name.strip().lower())
         if found is not None:
             return found
     raise EncodeError(
@@ -74,7 +74,7 @@ _PREFIX_LIKE = re.compile(r"#(?:M2M|[A-Z0-9]{2,3}\|)")
 
 def is_prefix_like(content: str) -> bool:
     """True when ``content`` starts like an M2M wire prefix, so sending it uncompressed would be ambiguous."""
-    return _PREFIX_LIKE.match(content) is not None
+    return content.startswith("#") and _PREFIX_LIKE.match(content) is not None
 
 
 # Keys of OpenAI-style chat requests/responses/chunks; two distinct hits make a payload "LLM API" JSON.

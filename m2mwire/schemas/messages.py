@@ -31,7 +31,9 @@ __all__ = [
     "MessageType",
     "Rejection",
     "SecurityCaps",
+    "decode_data",
     "decode_message",
+    "encode_data",
     "encode_message",
     "now_ms",
 ]
@@ -147,11 +149,21 @@ class _FlatHello(msgspec.Struct, kw_only=True):
     agent_type: str = ""
 
 
+class DataEnvelope(msgspec.Struct, kw_only=True):
+    """A DATA message decoded in one pass (see :func:`decode_data`)."""
+
+    type: str
+    session_id: str | None = None
+    payload: DataPayload
+    timestamp: int | None = None
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
 _TYPES: dict[str, MessageType] = {t.value: t for t in MessageType}
+_TYPE_NAMES: dict[MessageType, str] = {t: t.value for t in MessageType}  # Enum.value is slow
 _encoder = msgspec.json.Encoder()
 _raw_decoder = msgspec.json.Decoder(_RawEnvelope)
 _caps_decoder = msgspec.json.Decoder(Capabilities)
@@ -160,6 +172,9 @@ _reject_decoder = msgspec.json.Decoder(Rejection)
 _data_decoder = msgspec.json.Decoder(DataPayload)
 _close_decoder = msgspec.json.Decoder(ClosePayload)
 _any_decoder = msgspec.json.Decoder()
+_data_envelope_decoder = msgspec.json.Decoder(DataEnvelope)
+# How every DATA message starts, ours and the reference's (both emit ``type`` first).
+_DATA_START = '{"type":"DATA",'
 
 
 def encode_message(
@@ -169,12 +184,39 @@ def encode_message(
     if payload is None and type_ in (MessageType.PING, MessageType.PONG, MessageType.CLOSE):
         payload = {}
     env = Envelope(
-        type=type_.value,
+        type=_TYPE_NAMES[type_],
         session_id=msgspec.UNSET if session_id is None else session_id,
         payload=msgspec.UNSET if payload is None else payload,
         timestamp=now_ms() if timestamp is None else timestamp,
     )
     return _encoder.encode(env).decode()
+
+
+def decode_data(text: str, *, limits: Limits = DEFAULT_LIMITS) -> DataEnvelope | None:
+    """Parse a DATA message in one pass, or return None to leave it to :func:`decode_message`.
+
+    DATA is the per-message case; :func:`decode_message` takes two passes (envelope, then payload
+    by type). None means anything else (another type, a different key order, an error), which
+    :func:`decode_message` then parses and reports properly.
+    """
+    if not text.startswith(_DATA_START):
+        return None
+    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    if size > limits.max_message_bytes:
+        return None
+    try:
+        env = _data_envelope_decoder.decode(text)
+    except (msgspec.DecodeError, UnicodeError):
+        return None
+    return env if env.type == "DATA" else None
+
+
+def encode_data(payload: DataPayload, session_id: str, timestamp: int | None = None) -> str:
+    """``encode_message(MessageType.DATA, payload, session_id=...)`` without its generality."""
+    ts = time.time_ns() // 1_000_000 if timestamp is None else timestamp
+    return _encoder.encode(
+        Envelope(type="DATA", session_id=session_id, payload=payload, timestamp=ts)
+    ).decode()
 
 
 class Decoded(msgspec.Struct, frozen=True):
@@ -189,7 +231,10 @@ class Decoded(msgspec.Struct, frozen=True):
 
 def decode_message(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS) -> Decoded:
     """Parse one envelope. Raises ProtocolError(code="MALFORMED_MESSAGE") when it matches no shape."""
-    size = len(text.encode() if isinstance(text, str) else text)
+    if isinstance(text, str):
+        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    else:
+        size = len(text)
     if size > limits.max_message_bytes:
         raise LimitExceeded(
             f"session message is {size} bytes, over the limit of {limits.max_message_bytes} bytes",
@@ -198,7 +243,7 @@ def decode_message(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS) -> Dec
         )
     try:
         raw = _raw_decoder.decode(text)
-    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
+    except (msgspec.DecodeError, UnicodeError) as exc:
         raise ProtocolError(f"not a session message: {exc}", code="MALFORMED_MESSAGE") from exc
     mtype = _TYPES.get(raw.type)
     payload: Capabilities | Rejection | DataPayload | ClosePayload | None = None

@@ -20,10 +20,11 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
 
+import msgspec
+
 from m2mwire.codecs import (
     Algorithm,
     Encoding,
-    compress,
     compress_binary,
     count_tokens,
     decode_wire,
@@ -33,6 +34,7 @@ from m2mwire.codecs import (
 from m2mwire.codecs.avp import AVPMessage
 from m2mwire.codecs.avp import decode as avp_decode
 from m2mwire.codecs.jsonutil import dumps_compact, loads_limited
+from m2mwire.codecs.wire import encode_with
 from m2mwire.errors import (
     DecodeError,
     EncodeError,
@@ -54,7 +56,9 @@ from m2mwire.schemas.messages import (
     MessageType,
     Rejection,
     SecurityCaps,
+    decode_data,
     decode_message,
+    encode_data,
     encode_message,
 )
 from m2mwire.session.config import SessionConfig
@@ -101,6 +105,14 @@ class State(Enum):
     CLOSED = "CLOSED"
 
 
+# Hot-path aliases: reading an Enum member off its class costs ~0.12 us on Python 3.11
+# (EnumType.__getattr__), a module global a tenth of that.
+_ESTABLISHED = State.ESTABLISHED
+_CLOSING = State.CLOSING
+_CLOSED = State.CLOSED
+_NONE = Algorithm.NONE
+
+
 class Role(Enum):
     CLIENT = "client"
     SERVER = "server"
@@ -127,8 +139,11 @@ class SessionInfo:
     peer_version: str
 
 
-@dataclass(frozen=True, slots=True)
-class Message:
+# Message, SentInfo, MessageReceived and SendMessage are made once per message: frozen msgspec
+# Structs build ten times faster than frozen dataclasses (0.14 vs 1.5 us) and read the same.
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True):
     """One received DATA message: what arrived and how it travelled."""
 
     kind: Literal["text", "json", "avp"]
@@ -149,8 +164,7 @@ class Message:
         return loads_limited(self.text)
 
 
-@dataclass(frozen=True, slots=True)
-class SentInfo:
+class SentInfo(msgspec.Struct, frozen=True):
     """What send() put on the wire. Token counts (cl100k) only with ``token_stats=True``."""
 
     algorithm: str
@@ -184,8 +198,7 @@ class Established:
     info: SessionInfo
 
 
-@dataclass(frozen=True, slots=True)
-class MessageReceived:
+class MessageReceived(msgspec.Struct, frozen=True):
     message: Message
 
 
@@ -205,8 +218,7 @@ Event = Established | MessageReceived | Closed
 # Outputs returned by data_to_send()
 
 
-@dataclass(frozen=True, slots=True)
-class SendMessage:
+class SendMessage(msgspec.Struct, frozen=True):
     message: str | Sequence[Buffer]  # text message, or a binary message as buffers
 
     @property
@@ -260,6 +272,7 @@ class SessionProtocol:
         self._closed_error: M2MError | None = None  # why we started closing, if not the app's close()
         self._last_received = 0.0
         self._last_data = 0.0
+        self._payload_limit = config.limits.max_message_bytes  # the negotiated max_payload, once known
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -275,9 +288,14 @@ class SessionProtocol:
 
     def receive_text(self, text: str, now: float) -> None:
         """Feed one text message from the channel."""
-        if self.state is State.CLOSED:
+        if self.state is _CLOSED:
             return
         self._last_received = now
+        if self.state is _ESTABLISHED:
+            data = decode_data(text, limits=self.config.limits)  # the per-message case, in one pass
+            if data is not None:
+                self._on_data(data.session_id, data.payload, now)
+                return
         try:
             msg = decode_message(text, limits=self.config.limits)
         except LimitExceeded as exc:
@@ -355,7 +373,9 @@ class SessionProtocol:
         binary: bool = False,
     ) -> SentInfo:
         """Queue one DATA message (text or JSON). Raises without queuing anything on error."""
-        info = self._require_established()
+        info = self.info
+        if self.state is not _ESTABLISHED or info is None:
+            info = self._require_established()
         content_type: Literal["text", "json"]
         if isinstance(content, str):
             text, content_type = content, "text"
@@ -363,8 +383,9 @@ class SessionProtocol:
             text, content_type = dumps_compact(content), "json"
         else:
             raise EncodeError(f"send() takes str, dict or list content, not {type(content).__name__}")
-        original = _utf8_len(text)
-        self._check_payload_size(original, "message content")
+        original = len(text) if text.isascii() else _utf8_len(text)
+        if original > self._payload_limit:
+            self._check_payload_size(original, "message content")
         if binary:
             if Algorithm.TOKENNATIVE not in info.algorithms:
                 raise EncodeError(
@@ -385,23 +406,25 @@ class SessionProtocol:
                     f"algorithm {algorithm.value} was not negotiated for this session "
                     f"(negotiated: {', '.join(a.value for a in info.algorithms)})"
                 )
-            wire = compress(text, algorithm, encoding=info.encoding, limits=self.config.limits)
-            envelope = encode_message(
-                MessageType.DATA,
+            wire = encode_with(text, algorithm, info.encoding, limits=self.config.limits)
+            wire_len = original if wire is text else _utf8_len(wire)
+            envelope = encode_data(
                 DataPayload(
                     algorithm=algorithm, content=wire, original_size=original, content_type=content_type
                 ),
-                session_id=info.session_id,
+                info.session_id,
             )
-            self._check_payload_size(_utf8_len(envelope), "DATA message")
-            self._queue_output(SendMessage(envelope))
+            if len(envelope) > self._payload_limit or not envelope.isascii():
+                self._check_payload_size(_utf8_len(envelope), "DATA message")
+            self._outputs.append(SendMessage(envelope))
+            self.outputs_total += 1
             if self.config.token_stats:
                 tokens = (count_tokens(text), count_tokens(wire))
                 self.stats.original_tokens_sent += tokens[0]
                 self.stats.wire_tokens_sent += tokens[1]
-                sent = SentInfo(algorithm, False, original, _utf8_len(wire), *tokens)
+                sent = SentInfo(algorithm, False, original, wire_len, *tokens)
             else:
-                sent = SentInfo(algorithm, False, original, _utf8_len(wire))
+                sent = SentInfo(algorithm, False, original, wire_len)
         self._account_sent(sent, now)
         return sent
 
@@ -491,6 +514,13 @@ class SessionProtocol:
     def next_deadline(self) -> float | None:
         """The earliest time at which handle_timer() has something to do."""
         t = self.config.timers
+        if self.state is _ESTABLISHED and self._hello_deadline is None and self._close_deadline is None:
+            # the per-message case: only the ping (or pong) and session deadlines are armed
+            ping = self._pong_deadline
+            if ping is None:
+                ping = self._last_received + t.ping_interval
+            session = self._last_data + t.session_timeout
+            return ping if ping < session else session
         candidates = [d for d in (self._hello_deadline, self._close_deadline) if d is not None]
         if self.state is State.ESTABLISHED:
             if self._pong_deadline is not None:
@@ -510,6 +540,10 @@ class SessionProtocol:
     def output_backlog(self) -> int:
         """Outputs queued and not yet taken: the shell stops reading when this grows (PING floods)."""
         return len(self._outputs)
+
+    def peek_output(self) -> Output | None:
+        """The next output without taking it (the shell takes it once it is written)."""
+        return self._outputs[0] if self._outputs else None
 
     def next_output(self) -> Output | None:
         """Take the next output, one at a time (a cancelled write then loses nothing else)."""
@@ -588,7 +622,7 @@ class SessionProtocol:
         self._finish(Closed(payload.code, payload.message, by_peer=True, error=err), CLOSE_NORMAL)
 
     def _on_data(self, sid: str | None, payload: Any, now: float) -> None:
-        if self.state not in (State.ESTABLISHED, State.CLOSING):
+        if self.state is not _ESTABLISHED and self.state is not _CLOSING:
             expected = "HELLO" if self.role is Role.SERVER else "ACCEPT"
             code = "DATA_BEFORE_HELLO" if self.role is Role.SERVER else "DATA_BEFORE_ACCEPT"
             self._protocol_violation(f"DATA before {expected}: no session is established yet", code)
@@ -599,10 +633,18 @@ class SessionProtocol:
             )
             return
         assert isinstance(payload, DataPayload)
+        content = payload.content
+        limits = self.config.limits
+        wire_bytes = len(content) if content.isascii() else _utf8_len(content)
         try:
-            decoded = decode_wire(payload.content, limits=self.config.limits)
+            if content.startswith("#") or wire_bytes > min(limits.max_message_bytes, limits.max_output_bytes):
+                decoded = decode_wire(content, limits=limits)  # raises for the limits
+                text, algorithm = decoded.content, decoded.algorithm
+                original = wire_bytes if text is content else _utf8_len(text)
+            else:  # no prefix: NONE, decode_wire's first case without its calls (the hot path)
+                text, algorithm, original = content, _NONE, wire_bytes
             if payload.content_type == "json":
-                value = loads_limited(decoded.content, limits=self.config.limits)
+                value = loads_limited(text, limits=limits)
                 kind: Literal["text", "json"] = "json"
             else:
                 value, kind = None, "text"
@@ -611,11 +653,11 @@ class SessionProtocol:
             return
         message = Message(
             kind=kind,
-            algorithm=decoded.algorithm,
+            algorithm=algorithm,
             binary=False,
-            wire_bytes=_utf8_len(payload.content),
-            original_bytes=_utf8_len(decoded.content),
-            text=decoded.content,
+            wire_bytes=wire_bytes,
+            original_bytes=original,
+            text=text,
             value=value,
         )
         self._deliver(message, now)
@@ -681,6 +723,7 @@ class SessionProtocol:
             peer_agent_type=peer.agent_type,
             peer_version=peer.version,
         )
+        self._payload_limit = result.max_payload or self.config.limits.max_message_bytes
         self._events.append(Established(self.info))
 
     def _require_established(self) -> SessionInfo:
@@ -692,8 +735,7 @@ class SessionProtocol:
         return self.info
 
     def _check_payload_size(self, size: int, what: str) -> None:
-        assert self.info is not None
-        limit = self.info.max_payload or self.config.limits.max_message_bytes
+        limit = self._payload_limit
         if size > limit:
             raise LimitExceeded(
                 f"{what} is {size} bytes, over the negotiated max_payload of {limit} bytes",

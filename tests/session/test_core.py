@@ -9,13 +9,16 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from m2mwire import avp
-from m2mwire.codecs import Algorithm, Encoding, decompress
+from m2mwire.codecs import Algorithm, Encoding, decode_wire, decompress
 from m2mwire.codecs.limits import Limits
 from m2mwire.errors import (
     EncodeError,
     LimitExceeded,
+    M2MError,
     ModeError,
     ProtocolError,
     SessionClosed,
@@ -342,42 +345,69 @@ def test_bad_binary_frames(frame: bytes) -> None:
     assert _violation(s).code in {"MALFORMED_MESSAGE", "INVALID_DATA"}
 
 
+def data_message(sid: str | None, compact: bool, **payload: Any) -> str:
+    """A DATA envelope; ``compact`` is how we and the reference write it (the core's one-pass
+    path), otherwise spaced like json.dumps (the general path)."""
+    env = {"type": "DATA", "session_id": sid, "payload": payload, "timestamp": 1}
+    return json.dumps(env, separators=(",", ":") if compact else None)
+
+
+@pytest.mark.parametrize("compact", [True, False])
 @pytest.mark.parametrize(
     "content", ["#TK|C|not-base64!", "#TK|X|sk0L/Q4A", "#T1|{broken", "#M2M[v3.0]|DATA:AAAA", "#ZZ|what"]
 )
-def test_undecodable_data_closes_session(content: str) -> None:
+def test_undecodable_data_closes_session(content: str, compact: bool) -> None:
     c, s = pair()
     drain(s)
-    sid = s.session_id
+    s.receive_text(data_message(s.session_id, compact, algorithm="x", content=content), 1.0)
+    assert _violation(s).code == "INVALID_DATA"
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_invalid_json_content_type_is_a_violation(compact: bool) -> None:
+    c, s = pair()
+    drain(s)
     s.receive_text(
-        json.dumps(
-            {
-                "type": "DATA",
-                "session_id": sid,
-                "payload": {"algorithm": "x", "content": content},
-                "timestamp": 1,
-            }
-        ),
-        1.0,
+        data_message(s.session_id, compact, algorithm="none", content="{nope", content_type="json"), 1.0
     )
     assert _violation(s).code == "INVALID_DATA"
 
 
-def test_invalid_json_content_type_is_a_violation() -> None:
+@pytest.mark.parametrize("compact", [True, False])
+def test_plain_content_over_max_output_bytes_is_invalid_data(compact: bool) -> None:
+    c, s = pair(server_cfg=cfg(limits=Limits(max_output_bytes=64)))
+    drain(s)
+    s.receive_text(data_message(s.session_id, compact, algorithm="none", content="y" * 65), 1.0)
+    assert _violation(s).code == "INVALID_DATA"
+
+
+def _receive_outcome(wire: str, compact: bool) -> Message | str:
+    """What a fresh server session makes of one DATA: the message, or the violation code."""
     c, s = pair()
     drain(s)
-    s.receive_text(
-        json.dumps(
-            {
-                "type": "DATA",
-                "session_id": s.session_id,
-                "payload": {"algorithm": "none", "content": "{nope", "content_type": "json"},
-                "timestamp": 1,
-            }
-        ),
-        1.0,
-    )
-    assert _violation(s).code == "INVALID_DATA"
+    s.receive_text(data_message(s.session_id, compact, algorithm="none", content=wire), 1.0)
+    (event,) = drain(s)
+    if isinstance(event, MessageReceived):
+        return event.message
+    assert isinstance(event, Closed) and isinstance(event.error, ProtocolError)
+    return event.error.code
+
+
+@settings(max_examples=100, deadline=None)
+@given(wire=st.text(st.characters(blacklist_categories=("Cs",))) | st.from_regex(r"\A#(TK\|C\||M2M|T1\|).*"))
+def test_both_parsing_paths_and_decode_wire_agree(wire: str) -> None:
+    # The one-pass DATA path (compact envelope) must deliver exactly what the general path does,
+    # and that is what decode_wire makes of the wire string.
+    fast, general = _receive_outcome(wire, True), _receive_outcome(wire, False)
+    assert fast == general
+    try:
+        decoded = decode_wire(wire)
+    except M2MError:
+        assert fast == "INVALID_DATA"
+        return
+    assert isinstance(fast, Message)
+    assert (fast.text, fast.algorithm) == (decoded.content, decoded.algorithm)
+    assert (fast.wire_bytes, fast.original_bytes) == (len(wire.encode()), len(decoded.content.encode()))
 
 
 def test_malformed_text_is_a_violation() -> None:
