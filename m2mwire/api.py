@@ -14,7 +14,7 @@ import logging
 import ssl as ssl_module
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Sequence
+from collections.abc import Awaitable, Callable, Generator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
@@ -33,13 +33,14 @@ from m2mwire.session.core import (
     Message,
     MessageReceived,
     Role,
+    SendMessage,
     SentInfo,
     SessionInfo,
     SessionProtocol,
     State,
     Stats,
 )
-from m2mwire.transport.base import Buffer, Channel, PushChannel
+from m2mwire.transport.base import Buffer, Channel, DirectSendChannel, PushChannel
 
 if TYPE_CHECKING:
     from m2mwire.transport.quic import QuicClientConnection
@@ -63,6 +64,7 @@ _TRANSPORT_OPTIONS = frozenset(
         "connection",
     }
 )
+_CLOSED = State.CLOSED  # Enum member reads cost ~0.12 us on Python 3.11; _feed runs per message
 _MAX_OUTPUT_BACKLOG = 64  # queued control messages (PONGs, ...) before we stop reading the peer
 _QUIC_CLIENT_OPTIONS = ("cafile", "cadata", "fingerprint", "insecure", "server_name", "idle_timeout")
 
@@ -97,6 +99,7 @@ class Session:
         self._timer_at: float | None = None
         self._avp_metadata: AVPMetadata | None = None
         self._push = False  # messages arrive through _feed callbacks rather than a reader task
+        self._send_now = channel.send_now if isinstance(channel, DirectSendChannel) else None
         self._paused = False  # we stopped reading on purpose (see _update_reading)
         self._closing = False
 
@@ -154,6 +157,20 @@ class Session:
             sent = self._protocol.send(content, now, algorithm=alg, binary=binary)
         else:
             sent = self._protocol.send_frame(self._avp_parts(content), now)
+        protocol = self._protocol
+        if (
+            self._send_now is not None
+            and protocol.output_backlog == 1
+            and not self._write_lock.locked()
+            and not self._transport_closed
+        ):
+            # Nothing queued before us and nobody writing: write synchronously if the channel can.
+            out = protocol.peek_output()
+            if isinstance(out, SendMessage) and self._send_now(out.message):
+                protocol.next_output()
+                if self._paused:
+                    self._update_reading()
+                return sent
         await self._write_pending()
         if self._transport_closed and self._protocol.closed is not None:
             raise _closed_error(self._protocol.closed)
@@ -172,19 +189,18 @@ class Session:
             self._update_reading()
         return message
 
-    def __aiter__(self) -> AsyncIterator[Message]:
-        return self._iterate()
+    def __aiter__(self) -> Session:
+        return self
 
-    async def _iterate(self) -> AsyncIterator[Message]:
-        while True:
-            try:
-                message = await self.recv()
-            except SessionClosed:
-                closed = self._protocol.closed
-                if closed is not None and closed.error is not None:
-                    raise
-                return
-            yield message
+    async def __anext__(self) -> Message:
+        """``async for`` ends at an orderly close and raises when the session failed."""
+        try:
+            return await self.recv()
+        except SessionClosed:
+            closed = self._protocol.closed
+            if closed is not None and closed.error is not None:
+                raise
+            raise StopAsyncIteration from None
 
     async def close(self, reason: str = "") -> None:
         """Close the session: CLOSE, wait for the acknowledgement (close_timeout), close the channel."""
@@ -328,7 +344,7 @@ class Session:
     def _feed(self, data: str | bytes) -> None:
         """One received message: through the protocol, into the inbox; pause reading when full."""
         proto = self._protocol
-        if proto.state is State.CLOSED:
+        if proto.state is _CLOSED:
             return
         try:
             if isinstance(data, str):
@@ -338,7 +354,12 @@ class Session:
             self._after_protocol_step()
             if proto.has_output:
                 self._writer_wakeup.set()  # PONG, CLOSE acknowledgement, REJECT, ...
-            self._update_reading()
+            if (
+                self._paused
+                or len(self._inbox) >= self._max_queue
+                or proto.output_backlog > _MAX_OUTPUT_BACKLOG
+            ):
+                self._update_reading()  # only then can it change anything
         except Exception:  # a bug must not leave the application waiting forever
             log.exception("session failed to process a message")
             self._abort_channel()

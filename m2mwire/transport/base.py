@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 
 from m2mwire.errors import TransportError
 
-__all__ = ["Buffer", "Channel", "Message", "OutgoingMessage", "PushChannel"]
+__all__ = ["Buffer", "Channel", "DirectSendChannel", "Message", "OutgoingMessage", "PushChannel"]
 
 Buffer = bytes | bytearray | memoryview
 Message = str | bytes
@@ -79,3 +79,15 @@ class PushChannel(Channel, Protocol):
     def pause_reading(self) -> None: ...
 
     def resume_reading(self) -> None: ...
+
+
+@runtime_checkable
+class DirectSendChannel(Channel, Protocol):
+    """A channel that can write a message synchronously when nothing would make it wait.
+
+    ``send_now`` writes the whole message and returns True, or writes nothing and returns False
+    (writing is paused by flow control, the channel is closing, ...): the caller then uses
+    ``send()``, which waits or raises. It saves the session a coroutine chain per message.
+    """
+
+    def send_now(self, message: OutgoingMessage) -> bool: ...

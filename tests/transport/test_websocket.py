@@ -222,3 +222,59 @@ async def test_wss_verifies_against_cafile_and_refuses_unknown_certificates(tmp_
             assert (await session.recv()).text == "verified"
         with pytest.raises(TransportError):  # default: system store, which does not know this cert
             await connect(srv.url)
+
+
+async def test_send_now_writes_whole_messages_and_declines_what_would_wait() -> None:
+    from websockets.asyncio.server import serve as ws_serve
+
+    from m2mwire.transport.websocket import connect_websocket
+
+    received: list[str | bytes] = []
+    reading = asyncio.Event()
+    reading.set()
+
+    async def peer(ws: Any) -> None:
+        while True:
+            if not reading.is_set():  # the peer stops reading its socket: our buffers fill up
+                ws.transport.pause_reading()
+                await reading.wait()
+                ws.transport.resume_reading()
+            received.append(await ws.recv())
+
+    async def until(count: int) -> None:
+        for _ in range(500):
+            if len(received) >= count:
+                return
+            await asyncio.sleep(0.01)
+
+    mib = 1024 * 1024
+    async with ws_serve(peer, "127.0.0.1", 0, compression=None, max_size=2 * mib) as raw:
+        port = raw.sockets[0].getsockname()[1]
+        channel = await connect_websocket(f"ws://127.0.0.1:{port}", max_message_size=mib)
+        try:
+            assert channel.send_now("text") is True
+            assert channel.send_now([b"ab", memoryview(b"cd")]) is True  # small parts: one frame
+            assert channel.send_now([b"x" * mib, b"y"]) is False  # fragments are send()'s job
+            await until(2)
+            assert received == ["text", b"abcd"]
+
+            # Writes are taken until flow control pauses the transport; then send_now declines,
+            # writing nothing, and send() waits until the peer reads again: backpressure.
+            reading.clear()
+            await channel.send("last before the pause")
+            await until(3)
+            accepted = 0
+            while channel.send_now(b"z" * mib):
+                accepted += 1
+                assert accepted < 200, "the transport never paused writing"
+            late = asyncio.ensure_future(channel.send(b"late"))
+            await asyncio.sleep(0.2)
+            assert not late.done()
+            reading.set()
+            await asyncio.wait_for(late, 10)
+            await until(4 + accepted)
+            assert received[3:] == [b"z" * mib] * accepted + [b"late"]  # nothing lost, nothing extra
+        finally:
+            reading.set()
+            await channel.close()
+        assert channel.send_now("after close") is False
