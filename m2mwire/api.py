@@ -274,12 +274,12 @@ class Session:
     def _after_protocol_step(self) -> None:
         """Collect events and re-arm the timer after the protocol was fed something."""
         while (event := self._protocol.next_event()) is not None:
-            if isinstance(event, Established):
-                if not self._established.done():
-                    self._established.set_result(event.info)
-            elif isinstance(event, MessageReceived):
+            if isinstance(event, MessageReceived):
                 self._inbox.append(event.message)
                 self._inbox_changed.set()
+            elif isinstance(event, Established):
+                if not self._established.done():
+                    self._established.set_result(event.info)
             else:
                 self._mark_closed(event)
         self._arm_timer()

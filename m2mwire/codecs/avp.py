@@ -973,15 +973,24 @@ def decode(
             )
         payload = body
     if pb.HasField("payload_checksum"):
-        actual = crc32(payload)
+        actual = crc32(payload) if len(payload) < _ZLIB_CRC_BELOW else _deflate_crc32(payload)
         if actual != pb.payload_checksum:
             raise ChecksumMismatch(
                 f"AVP payload checksum mismatch: metadata says 0x{pb.payload_checksum:08x}, "
                 f"payload has 0x{actual:08x}"
             )
-    shape = tuple(pb.tensor_shape[:])
-    if shape and pt == 0:
-        _check_shape(shape, _DATA_TYPES[dt], len(payload), DecodeError)
+    dims = pb.tensor_shape
+    ndims = len(dims)
+    if ndims == 0:
+        shape: tuple[int, ...] = ()
+    elif ndims == 1:  # the usual hidden state: checked without the general helper's calls
+        shape = (dims[0],)
+        if pt == 0 and shape[0] * _ITEMSIZE[dt] != len(payload):
+            _check_shape(shape, _DATA_TYPES[dt], len(payload), DecodeError)
+    else:
+        shape = tuple(dims[:])
+        if pt == 0:
+            _check_shape(shape, _DATA_TYPES[dt], len(payload), DecodeError)
     return AVPMessage(
         mv if size == end else mv[:end], header, payload, pb, _PAYLOAD_TYPES[pt], _DATA_TYPES[dt], shape
     )

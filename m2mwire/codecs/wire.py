@@ -202,8 +202,8 @@ def encode_with(
     looked up or validated twice. ``algorithm`` must not be ZLIB (never emitted).
     """
     size = len(content) if content.isascii() else _utf8_size(content)
-    # a peer with the same limits could not decode content over max_output_bytes
-    check_size("content", size, limits.max_output_bytes)
+    if size > limits.max_output_bytes:  # a peer with the same limits could not decode it
+        check_size("content", size, limits.max_output_bytes)
     if algorithm is _NONE:  # the per-message hot case: checks only, no copy
         if content.startswith("#") and is_prefix_like(content):
             raise EncodeError(
@@ -213,7 +213,8 @@ def encode_with(
             )
         if not content.isascii():
             utf8(content)
-        check_size("wire message", size, limits.max_message_bytes)
+        if size > limits.max_message_bytes:
+            check_size("wire message", size, limits.max_message_bytes)
         return content
     if algorithm is Algorithm.TOKENNATIVE:
         return encode_tokennative(content, encoding, limits=limits)

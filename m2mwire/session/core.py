@@ -110,7 +110,8 @@ class State(Enum):
 _ESTABLISHED = State.ESTABLISHED
 _CLOSING = State.CLOSING
 _CLOSED = State.CLOSED
-_NONE = Algorithm.NONE
+# Messages and stats carry algorithm names as plain str (Enum.value is a slow property).
+_NAMES: dict[Algorithm, str] = {a: a.value for a in Algorithm}
 
 
 class Role(Enum):
@@ -312,10 +313,11 @@ class SessionProtocol:
 
     def receive_binary(self, data: bytes | bytearray | memoryview, now: float) -> None:
         """Feed one binary message (TokenNative binary or an AVP frame)."""
-        if self.state is State.CLOSED:
+        state = self.state
+        if state is _CLOSED:
             return
         self._last_received = now
-        if self.state not in (State.ESTABLISHED, State.CLOSING):
+        if state is not _ESTABLISHED and state is not _CLOSING:
             self._protocol_violation(
                 "binary frame before the session was established", "BINARY_BEFORE_ACCEPT"
             )
@@ -330,20 +332,20 @@ class SessionProtocol:
                 text = decompress_binary(view, limits=self.config.limits)
                 message = Message(
                     kind="text",
-                    algorithm=Algorithm.TOKENNATIVE.value,
+                    algorithm="tokennative",
                     binary=True,
                     wire_bytes=len(view),
                     original_bytes=_utf8_len(text),
                     text=text,
                 )
-            elif bytes(view[:2]) == AVP_MAGIC:
+            elif view[:2] == AVP_MAGIC:
                 assert self.info is not None
                 if self.info.mode != "LATENT":
                     self._protocol_violation(
                         f"AVP frame received but the negotiated mode is {self.info.mode}", "MODE_VIOLATION"
                     )
                     return
-                frame = avp_decode(view)
+                frame = avp_decode(data)  # bytes take avp's quickest input path
                 message = Message(
                     kind="avp",
                     algorithm="avp",
@@ -422,9 +424,9 @@ class SessionProtocol:
                 tokens = (count_tokens(text), count_tokens(wire))
                 self.stats.original_tokens_sent += tokens[0]
                 self.stats.wire_tokens_sent += tokens[1]
-                sent = SentInfo(algorithm, False, original, wire_len, *tokens)
+                sent = SentInfo(_NAMES[algorithm], False, original, wire_len, *tokens)
             else:
-                sent = SentInfo(algorithm, False, original, wire_len)
+                sent = SentInfo(_NAMES[algorithm], False, original, wire_len)
         self._account_sent(sent, now)
         return sent
 
@@ -639,10 +641,10 @@ class SessionProtocol:
         try:
             if content.startswith("#") or wire_bytes > min(limits.max_message_bytes, limits.max_output_bytes):
                 decoded = decode_wire(content, limits=limits)  # raises for the limits
-                text, algorithm = decoded.content, decoded.algorithm
+                text, algorithm = decoded.content, _NAMES[decoded.algorithm]
                 original = wire_bytes if text is content else _utf8_len(text)
             else:  # no prefix: NONE, decode_wire's first case without its calls (the hot path)
-                text, algorithm, original = content, _NONE, wire_bytes
+                text, algorithm, original = content, "none", wire_bytes
             if payload.content_type == "json":
                 value = loads_limited(text, limits=limits)
                 kind: Literal["text", "json"] = "json"
@@ -757,8 +759,9 @@ class SessionProtocol:
         s.messages_sent += 1
         s.original_bytes_sent += sent.original_bytes
         s.wire_bytes_sent += sent.wire_bytes
-        key = sent.algorithm + ("/binary" if sent.binary and sent.algorithm != "avp" else "")
-        s.by_algorithm[key] = s.by_algorithm.get(key, 0) + 1
+        key = sent.algorithm if not sent.binary or sent.algorithm == "avp" else sent.algorithm + "/binary"
+        by_algorithm = s.by_algorithm
+        by_algorithm[key] = by_algorithm.get(key, 0) + 1
 
     def _ping(self, now: float) -> None:
         self._send_text(encode_message(MessageType.PING, session_id=self._session_id))

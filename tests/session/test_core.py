@@ -131,6 +131,9 @@ def test_data_round_trip_in_order_with_every_algorithm() -> None:
     assert received[1].value["messages"] == [{"role": "user", "content": "Hi"}]
     assert [m.algorithm for m in received[2:]] == ["brotli", "tokennative", "none"]
     assert c.stats.messages_sent == 5 and s.stats.messages_received == 5
+    # names are plain str, not Algorithm members (they print and serialise as themselves)
+    assert {type(m.algorithm) for m in received} == {str}
+    assert {type(k) for k in c.stats.by_algorithm} == {str}
     assert s.stats.wire_bytes_received == sum(m.wire_bytes for m in received)
 
 
