@@ -40,7 +40,11 @@ IDENTITY: dict[str, Any] = {
 # -- servers (run in a child process) ---------------------------------------------------------------
 
 
-async def _raw_server(port_q: Any) -> None:
+async def _raw_server(port_q: Any, decode_avp: bool = False) -> None:
+    """A websockets echo; ``decode_avp`` also runs m2mwire.avp.decode on every binary message (the
+    AVP codec's own cost, with none of the session's: the floor for AVP throughput)."""
+    from m2mwire.avp import decode
+
     async def handler(ws: Any) -> None:
         count = 0
         async for msg in ws:
@@ -48,6 +52,8 @@ async def _raw_server(port_q: Any) -> None:
                 await ws.send(str(count))
                 count = 0
             elif isinstance(msg, bytes):
+                if decode_avp:
+                    decode(msg)
                 count += len(msg)
             else:
                 await ws.send(msg)
@@ -84,7 +90,10 @@ async def _session_server(port_q: Any) -> None:
 
 
 def _serve(kind: str, port_q: Any) -> None:
-    asyncio.run(_raw_server(port_q) if kind == "raw" else _session_server(port_q))
+    if kind == "session":
+        asyncio.run(_session_server(port_q))
+    else:
+        asyncio.run(_raw_server(port_q, decode_avp=kind == "raw+avp"))
 
 
 # -- client side ---------------------------------------------------------------------------------------
@@ -149,14 +158,17 @@ async def _tput_session(session: Any, frame: bytes, n: int) -> float:
 
 
 async def _tput_pairs(
-    raw_port: int, ses_port: int, frame_raw: bytes, frame_avp: bytes, n: int, trials: int
-) -> list[tuple[float, float]]:
-    """(raw, session) one-way throughput, in alternating trials of ``n`` frames each."""
+    raw_port: int, ses_port: int, rawavp_port: int, frame_raw: bytes, frame_avp: bytes, n: int, trials: int
+) -> list[tuple[float, float, float]]:
+    """(raw, session, raw + avp.decode) one-way throughput, in alternating trials of ``n`` frames."""
     from m2mwire.api import connect
     from m2mwire.schemas.identity import ModelIdentity
 
     async with (
         ws_connect(f"ws://127.0.0.1:{raw_port}", compression=None, max_size=BIG, ping_interval=None) as ws,
+        ws_connect(
+            f"ws://127.0.0.1:{rawavp_port}", compression=None, max_size=BIG, ping_interval=None
+        ) as wsa,
         connect(
             f"ws://127.0.0.1:{ses_port}",
             identity=ModelIdentity(**IDENTITY),
@@ -168,7 +180,11 @@ async def _tput_pairs(
         await _tput_raw(ws, frame_raw, n // 4)  # warm-up
         await _tput_session(session, frame_avp, n // 4)
         return [
-            (await _tput_raw(ws, frame_raw, n), await _tput_session(session, frame_avp, n))
+            (
+                await _tput_raw(ws, frame_raw, n),
+                await _tput_session(session, frame_avp, n),
+                await _tput_raw(wsa, frame_avp, n),
+            )
             for _ in range(trials)
         ]
 
@@ -224,6 +240,7 @@ def main() -> None:
 
     raw_proc, raw_port = _start("raw")
     ses_proc, ses_port = _start("session")
+    rawavp_proc, rawavp_port = _start("raw+avp")
     frame_raw = np.random.default_rng(1).bytes(64 * 1024)
     frame_avp = avp.encode(np.frombuffer(frame_raw[: 64 * 1024 - 256], dtype=np.float32).copy())
     chat = [p for _, p in sample_payloads() if p.startswith("{") and 700 <= len(p.encode()) <= 1400] or [
@@ -240,18 +257,20 @@ def main() -> None:
             for q, name in ((0.5, "p50"), (0.99, "p99")):
                 add(f"rtt{size}_raw_{name}", _pct(raw, q))
                 add(f"rtt{size}_ses_{name}", _pct(ses, q))
-        for r, s_ in await _tput_pairs(raw_port, ses_port, frame_raw, frame_avp, 600, 3):
+        for r, s_, a in await _tput_pairs(raw_port, ses_port, rawavp_port, frame_raw, frame_avp, 600, 3):
             add("tput_raw", r)
             add("tput_ses", s_)
             add("tput_ratio", s_ / r)
+            add("tput_rawavp", a)
+            add("tput_rawavp_ratio", a / r)
         add("chat_ses", await _chat_session(ses_port, chat, 3000))
 
     try:
         for _ in range(args.rounds):
             asyncio.run(round_())
     finally:
-        raw_proc.kill()
-        ses_proc.kill()
+        for proc in (raw_proc, ses_proc, rawavp_proc):
+            proc.kill()
     tok_enc, tok_encdec = _tokenize_only(chat, 3000)
 
     med = {k: statistics.median(v) for k, v in results.items()}
@@ -270,6 +289,8 @@ def main() -> None:
     r, s, ratio = med["tput_raw"] / 1e6, med["tput_ses"] / 1e6, med["tput_ratio"]
     verdict = "PASS" if ratio >= 0.8 else "MISS"
     print(f"{'64 KiB binary one-way (MB/s)':34} {r:12.0f} {s:12.0f} {ratio:7.2f}x  >= 0.8x {verdict}")
+    a, a_ratio = med["tput_rawavp"] / 1e6, med["tput_rawavp_ratio"]
+    print(f"{'  raw websockets + avp.decode only':34} {'':12} {a:12.0f} {a_ratio:7.2f}x  (AVP codec floor)")
     c = med["chat_ses"]
     print(f"{'1 KB chat, TokenNative (msg/s)':34} {'':12} {c:12.0f}")
     print(

@@ -94,6 +94,7 @@ class Session:
         self._transport_closed = False
         self._tasks: list[asyncio.Task[None]] = []
         self._write_lock = asyncio.Lock()
+        self._writing = False  # _write_lock is held (a plain flag: Lock.locked() is a Python call)
         self._writer_wakeup = asyncio.Event()
         self._timer_handle: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
@@ -152,20 +153,18 @@ class Session:
         wrong mode, over the negotiated max_payload, ...) are raised before anything is sent.
         """
         now = self._loop.time()
-        if isinstance(content, str | dict | list):
-            alg = resolve_algorithm(algorithm) if algorithm is not None else None
+        if type(content) is str or isinstance(content, str | dict | list):
+            if algorithm is None or isinstance(algorithm, Algorithm):
+                alg = algorithm
+            else:
+                alg = resolve_algorithm(algorithm)
             sent = self._protocol.send(content, now, algorithm=alg, binary=binary)
         else:
             sent = self._protocol.send_frame(self._avp_parts(content), now)
         protocol = self._protocol
-        if (
-            self._send_now is not None
-            and protocol.output_backlog == 1
-            and not self._write_lock.locked()
-            and not self._transport_closed
-        ):
+        if self._send_now is not None and not self._writing and not self._transport_closed:
             # Nothing queued before us and nobody writing: write synchronously if the channel can.
-            out = protocol.peek_output()
+            out = protocol.sole_output()
             if isinstance(out, SendMessage) and self._send_now(out.message):
                 protocol.next_output()
                 if self._paused:
@@ -315,7 +314,7 @@ class Session:
         self._closed.set()
         self._inbox_changed.set()
         self._update_reading()
-        if self._write_lock.locked() and not self._transport_closed:
+        if self._writing and not self._transport_closed:
             # A write is blocked (the peer stopped reading): give it close_timeout to finish,
             # then cut the connection so nothing waits forever.
             self._loop.call_later(self._protocol.config.timers.close_timeout, self._abort_channel)
@@ -323,17 +322,21 @@ class Session:
     async def _write_pending(self) -> None:
         """Write everything the protocol has queued, in order (waits under backpressure)."""
         async with self._write_lock:
-            # One output at a time: a cancelled write loses nothing queued behind it.
-            while (out := self._protocol.next_output()) is not None:
-                if isinstance(out, CloseTransport):
-                    await self._close_channel(out.code, out.reason)
-                elif not self._transport_closed:
-                    try:
-                        await self._channel.send(out.message)
-                    except TransportError as exc:
-                        self._on_transport_closed(exc)
-                if self._paused:
-                    self._update_reading()
+            self._writing = True
+            try:
+                # One output at a time: a cancelled write loses nothing queued behind it.
+                while (out := self._protocol.next_output()) is not None:
+                    if isinstance(out, CloseTransport):
+                        await self._close_channel(out.code, out.reason)
+                    elif not self._transport_closed:
+                        try:
+                            await self._channel.send(out.message)
+                        except TransportError as exc:
+                            self._on_transport_closed(exc)
+                    if self._paused:
+                        self._update_reading()
+            finally:
+                self._writing = False
 
     async def _writer(self) -> None:
         while True:
@@ -352,13 +355,10 @@ class Session:
             else:
                 proto.receive_binary(data, self._loop.time())
             self._after_protocol_step()
-            if proto.has_output:
+            backlog = proto.output_backlog
+            if backlog:
                 self._writer_wakeup.set()  # PONG, CLOSE acknowledgement, REJECT, ...
-            if (
-                self._paused
-                or len(self._inbox) >= self._max_queue
-                or proto.output_backlog > _MAX_OUTPUT_BACKLOG
-            ):
+            if self._paused or len(self._inbox) >= self._max_queue or backlog > _MAX_OUTPUT_BACKLOG:
                 self._update_reading()  # only then can it change anything
         except Exception:  # a bug must not leave the application waiting forever
             log.exception("session failed to process a message")

@@ -922,7 +922,7 @@ def decode(
     metadata section. Malformed input raises :class:`DecodeError` (:class:`ChecksumMismatch` for a
     bad CRC); a limit raises :class:`LimitExceeded`.
     """
-    mv = _input_view(data)
+    mv = memoryview(data) if type(data) is bytes else _input_view(data)
     header = _parse_header(mv)
     end = HEADER_SIZE + header.payload_length
     size = len(mv)
@@ -972,12 +972,12 @@ def decode(
                 f"AVP metadata says compression={pb.compression!r} but the compressed flag is clear"
             )
         payload = body
-    if pb.HasField("payload_checksum"):
+    expected = pb.payload_checksum
+    if expected or pb.HasField("payload_checksum"):  # a non-zero value is present: skip the call
         actual = crc32(payload) if len(payload) < _ZLIB_CRC_BELOW else _deflate_crc32(payload)
-        if actual != pb.payload_checksum:
+        if actual != expected:
             raise ChecksumMismatch(
-                f"AVP payload checksum mismatch: metadata says 0x{pb.payload_checksum:08x}, "
-                f"payload has 0x{actual:08x}"
+                f"AVP payload checksum mismatch: metadata says 0x{expected:08x}, payload has 0x{actual:08x}"
             )
     dims = pb.tensor_shape
     ndims = len(dims)

@@ -543,9 +543,11 @@ class SessionProtocol:
         """Outputs queued and not yet taken: the shell stops reading when this grows (PING floods)."""
         return len(self._outputs)
 
-    def peek_output(self) -> Output | None:
-        """The next output without taking it (the shell takes it once it is written)."""
-        return self._outputs[0] if self._outputs else None
+    def sole_output(self) -> Output | None:
+        """The queued output if it is the only one, without taking it (the shell's direct write
+        takes it with next_output() once written)."""
+        outputs = self._outputs
+        return outputs[0] if len(outputs) == 1 else None
 
     def next_output(self) -> Output | None:
         """Take the next output, one at a time (a cancelled write then loses nothing else)."""
