@@ -31,7 +31,6 @@ from m2mwire.session.core import (
     CloseTransport,
     Established,
     Message,
-    MessageReceived,
     Role,
     SendMessage,
     SentInfo,
@@ -65,6 +64,7 @@ _TRANSPORT_OPTIONS = frozenset(
     }
 )
 _CLOSED = State.CLOSED  # Enum member reads cost ~0.12 us on Python 3.11; _feed runs per message
+_ALGORITHMS: dict[str, Algorithm] = {a.value: a for a in Algorithm}
 _MAX_OUTPUT_BACKLOG = 64  # queued control messages (PONGs, ...) before we stop reading the peer
 _QUIC_CLIENT_OPTIONS = ("cafile", "cadata", "fingerprint", "insecure", "server_name", "idle_timeout")
 
@@ -86,7 +86,9 @@ class Session:
         self._loop = asyncio.get_running_loop()
         self._max_queue = max(1, protocol.config.max_queue)
         self._inbox: deque[Message] = deque()
-        self._inbox_changed = asyncio.Event()
+        # recv() callers waiting for the inbox, one future each (an asyncio.Event costs several
+        # Python calls more per message); woken by _wake_receivers().
+        self._receivers: list[asyncio.Future[None]] = []
         self._resume_reading = asyncio.Event()  # set while we read (pull-mode reader waits on it)
         self._resume_reading.set()
         self._established: asyncio.Future[SessionInfo] = self._loop.create_future()
@@ -154,10 +156,12 @@ class Session:
         """
         now = self._loop.time()
         if type(content) is str or isinstance(content, str | dict | list):
-            if algorithm is None or isinstance(algorithm, Algorithm):
-                alg = algorithm
+            if algorithm is None:
+                alg = None
+            elif isinstance(algorithm, str):  # a StrEnum: names and members hit the dict alike
+                alg = _ALGORITHMS.get(algorithm) or resolve_algorithm(algorithm)
             else:
-                alg = resolve_algorithm(algorithm)
+                alg = resolve_algorithm(algorithm)  # raises EncodeError for the wrong type
             sent = self._protocol.send(content, now, algorithm=alg, binary=binary)
         else:
             sent = self._protocol.send_frame(self._avp_parts(content), now)
@@ -177,16 +181,34 @@ class Session:
 
     async def recv(self) -> Message:
         """The next message, in order. Raises SessionClosed once the session is over and drained."""
-        while not self._inbox:
-            closed = self._protocol.closed
-            if closed is not None and self._closed.is_set():
-                raise _closed_error(closed)
-            self._inbox_changed.clear()
-            await self._inbox_changed.wait()
-        message = self._inbox.popleft()
+        inbox = self._inbox
+        while not inbox:
+            await self._inbox_waiter()
+        message = inbox.popleft()
         if self._paused:
             self._update_reading()
         return message
+
+    def _inbox_waiter(self) -> asyncio.Future[None]:
+        """A future completed when a message arrives or the session ends; raises SessionClosed
+        once the session is over (the caller found the inbox empty)."""
+        if self._closed.is_set():
+            closed = self._protocol.closed
+            assert closed is not None  # _closed is set only by _mark_closed
+            raise _closed_error(closed)
+        receivers = self._receivers
+        if len(receivers) >= 8:  # drop those of cancelled recv() calls
+            receivers[:] = [f for f in receivers if not f.done()]
+        waiter = self._loop.create_future()
+        receivers.append(waiter)
+        return waiter
+
+    def _wake_receivers(self) -> None:
+        receivers = self._receivers
+        for waiter in receivers:
+            if not waiter.done():
+                waiter.set_result(None)
+        receivers.clear()
 
     def __aiter__(self) -> Session:
         return self
@@ -273,10 +295,7 @@ class Session:
     def _after_protocol_step(self) -> None:
         """Collect events and re-arm the timer after the protocol was fed something."""
         while (event := self._protocol.next_event()) is not None:
-            if isinstance(event, MessageReceived):
-                self._inbox.append(event.message)
-                self._inbox_changed.set()
-            elif isinstance(event, Established):
+            if isinstance(event, Established):
                 if not self._established.done():
                     self._established.set_result(event.info)
             else:
@@ -312,7 +331,7 @@ class Session:
             self._established.set_exception(_closed_error(event, handshake=True))
             self._established.exception()  # mark retrieved: a server may never await it
         self._closed.set()
-        self._inbox_changed.set()
+        self._wake_receivers()
         self._update_reading()
         if self._writing and not self._transport_closed:
             # A write is blocked (the peer stopped reading): give it close_timeout to finish,
@@ -351,9 +370,17 @@ class Session:
             return
         try:
             if isinstance(data, str):
-                proto.receive_text(data, self._loop.time())
+                message = proto.receive_text(data, self._loop.time())
             else:
-                proto.receive_binary(data, self._loop.time())
+                message = proto.receive_binary(data, self._loop.time())
+            if message is not None:  # DATA, and nothing else happened: no event, output or timer
+                inbox = self._inbox
+                inbox.append(message)
+                if self._receivers:
+                    self._wake_receivers()
+                if self._paused or len(inbox) >= self._max_queue:
+                    self._update_reading()
+                return
             self._after_protocol_step()
             backlog = proto.output_backlog
             if backlog:

@@ -194,6 +194,26 @@ async def test_server_handler_return_closes_session(scheme: str) -> None:
             assert session.close_event is not None and session.close_event.by_peer
 
 
+async def test_cancelled_and_concurrent_recv_lose_nothing(scheme: str) -> None:
+    """recv() calls that time out leave nothing behind, and two waiting receivers get one message
+    each, in order."""
+    async with running(echo, scheme) as server:
+        async with connect(server.url, **client_opts(server)) as session:
+            for _ in range(50):  # each one registers a waiter and is cancelled
+                with pytest.raises(TimeoutError):
+                    await asyncio.wait_for(session.recv(), 0.001)
+            assert len(session._receivers) <= 8  # cancelled waiters are dropped, not hoarded
+            first = asyncio.ensure_future(session.recv())
+            second = asyncio.ensure_future(session.recv())
+            await asyncio.sleep(0)  # both are waiting now
+            await session.send("one")
+            await session.send("two")
+            got = await asyncio.wait_for(asyncio.gather(first, second), 10)
+            assert sorted(m.text or "" for m in got) == ["one", "two"]
+            await session.send("three")
+            assert (await asyncio.wait_for(session.recv(), 10)).text == "three"
+
+
 async def test_oversized_send_refused_locally(scheme: str) -> None:
     async with running(echo, scheme, max_payload=4096) as server:
         async with connect(server.url, **client_opts(server)) as session:

@@ -3,9 +3,11 @@
 ``SessionProtocol`` never touches a socket or a clock: the I/O shell feeds it what arrived
 (:meth:`receive_text`, :meth:`receive_binary`), what the application wants (:meth:`send`,
 :meth:`send_frame`, :meth:`close`) and the current time, then collects what to transmit
-(:meth:`data_to_send`) and what happened (:meth:`next_event`). Timers are deadlines that the
-shell asks for (:meth:`next_deadline`) and reports back (:meth:`handle_timer`). This is the
-design of h11, wsproto and aioquic's ``QuicConnection``, so every rule is testable without I/O.
+(:meth:`data_to_send`) and what happened (:meth:`next_event`); a received DATA message is
+returned by ``receive_*`` instead, as the per-message case (see :meth:`receive_text`). Timers
+are deadlines that the shell asks for (:meth:`next_deadline`) and reports back
+(:meth:`handle_timer`). This is the design of h11, wsproto and aioquic's ``QuicConnection``, so
+every rule is testable without I/O.
 
 States: INITIAL -> HELLO_SENT (client) -> ESTABLISHED -> CLOSING -> CLOSED.
 """
@@ -77,7 +79,6 @@ __all__ = [
     "Established",
     "Event",
     "Message",
-    "MessageReceived",
     "Role",
     "SendMessage",
     "SentInfo",
@@ -140,7 +141,7 @@ class SessionInfo:
     peer_version: str
 
 
-# Message, SentInfo, MessageReceived and SendMessage are made once per message: frozen msgspec
+# Message, SentInfo and SendMessage are made once per message: frozen msgspec
 # Structs build ten times faster than frozen dataclasses (0.14 vs 1.5 us) and read the same.
 
 
@@ -199,10 +200,6 @@ class Established:
     info: SessionInfo
 
 
-class MessageReceived(msgspec.Struct, frozen=True):
-    message: Message
-
-
 @dataclass(frozen=True, slots=True)
 class Closed:
     """The session is over. ``error`` is None for an orderly close."""
@@ -213,7 +210,7 @@ class Closed:
     error: M2MError | None = None
 
 
-Event = Established | MessageReceived | Closed
+Event = Established | Closed
 
 
 # Outputs returned by data_to_send()
@@ -287,45 +284,51 @@ class SessionProtocol:
             self._send_text(encode_message(MessageType.HELLO, self._own_capabilities()))
             self.state = State.HELLO_SENT
 
-    def receive_text(self, text: str, now: float) -> None:
-        """Feed one text message from the channel."""
+    def receive_text(self, text: str, now: float) -> Message | None:
+        """Feed one text message from the channel; returns the DATA message it carried, if any.
+
+        A returned message is not queued as an event, and it means the input did nothing else:
+        no event, no output, and no deadline earlier than before (a shell may skip polling).
+        Anything else (handshake, PING, CLOSE, a protocol error) returns None and is reported
+        through :meth:`next_event`, :meth:`next_output` and :meth:`next_deadline`.
+        """
         if self.state is _CLOSED:
-            return
+            return None
         self._last_received = now
         if self.state is _ESTABLISHED:
             data = decode_data(text, limits=self.config.limits)  # the per-message case, in one pass
             if data is not None:
-                self._on_data(data.session_id, data.payload, now)
-                return
+                return self._on_data(data.session_id, data.payload, now)
         try:
             msg = decode_message(text, limits=self.config.limits)
         except LimitExceeded as exc:
             self._fail(exc, "MESSAGE_TOO_BIG", CLOSE_TOO_BIG)
-            return
+            return None
         except ProtocolError as exc:
             self._fail(exc, exc.code, CLOSE_PROTOCOL_ERROR)
-            return
+            return None
         if msg.type is None:
             log.warning("ignoring message of unknown type %r", msg.type_name[:40])
-            return
+            return None
         handler = _HANDLERS[msg.type]
-        handler(self, msg.session_id, msg.payload, now)
+        return handler(self, msg.session_id, msg.payload, now)
 
-    def receive_binary(self, data: bytes | bytearray | memoryview, now: float) -> None:
-        """Feed one binary message (TokenNative binary or an AVP frame)."""
+    def receive_binary(self, data: bytes | bytearray | memoryview, now: float) -> Message | None:
+        """Feed one binary message (TokenNative binary or an AVP frame); returns the DATA message
+        it carried, if any, as :meth:`receive_text` does."""
         state = self.state
         if state is _CLOSED:
-            return
+            return None
         self._last_received = now
         if state is not _ESTABLISHED and state is not _CLOSING:
             self._protocol_violation(
                 "binary frame before the session was established", "BINARY_BEFORE_ACCEPT"
             )
-            return
+            return None
         view = memoryview(data)
         if len(view) == 0:
             self._protocol_violation("empty binary frame", "MALFORMED_MESSAGE")
-            return
+            return None
         first = view[0]
         try:
             if first in _TOKENNATIVE_BINARY_IDS:
@@ -344,7 +347,7 @@ class SessionProtocol:
                     self._protocol_violation(
                         f"AVP frame received but the negotiated mode is {self.info.mode}", "MODE_VIOLATION"
                     )
-                    return
+                    return None
                 frame = avp_decode(data)  # bytes take avp's quickest input path
                 message = Message(
                     kind="avp",
@@ -360,11 +363,11 @@ class SessionProtocol:
                     "expected 0x00-0x02 (TokenNative) or 'A' (AVP)",
                     "MALFORMED_MESSAGE",
                 )
-                return
+                return None
         except M2MError as exc:  # DecodeError, LimitExceeded, TokenizerUnavailable, ...
             self._protocol_violation(f"undecodable binary frame: {exc}", "INVALID_DATA")
-            return
-        self._deliver(message, now)
+            return None
+        return self._deliver(message, now)
 
     def send(
         self,
@@ -625,17 +628,17 @@ class SessionProtocol:
         )
         self._finish(Closed(payload.code, payload.message, by_peer=True, error=err), CLOSE_NORMAL)
 
-    def _on_data(self, sid: str | None, payload: Any, now: float) -> None:
+    def _on_data(self, sid: str | None, payload: Any, now: float) -> Message | None:
         if self.state is not _ESTABLISHED and self.state is not _CLOSING:
             expected = "HELLO" if self.role is Role.SERVER else "ACCEPT"
             code = "DATA_BEFORE_HELLO" if self.role is Role.SERVER else "DATA_BEFORE_ACCEPT"
             self._protocol_violation(f"DATA before {expected}: no session is established yet", code)
-            return
+            return None
         if sid != self._session_id:
             self._protocol_violation(
                 f"DATA for session {sid!r} on session {self._session_id!r}", "UNKNOWN_SESSION"
             )
-            return
+            return None
         assert isinstance(payload, DataPayload)
         content = payload.content
         limits = self.config.limits
@@ -654,7 +657,7 @@ class SessionProtocol:
                 value, kind = None, "text"
         except M2MError as exc:  # DecodeError, LimitExceeded, TokenizerUnavailable, ...
             self._protocol_violation(f"undecodable DATA ({payload.algorithm}): {exc}", "INVALID_DATA")
-            return
+            return None
         message = Message(
             kind=kind,
             algorithm=algorithm,
@@ -664,7 +667,7 @@ class SessionProtocol:
             text=text,
             value=value,
         )
-        self._deliver(message, now)
+        return self._deliver(message, now)
 
     def _on_ping(self, sid: str | None, _payload: Any, _now: float) -> None:
         self._send_text(encode_message(MessageType.PONG, session_id=self._session_id or sid))
@@ -747,13 +750,13 @@ class SessionProtocol:
                 actual=size,
             )
 
-    def _deliver(self, message: Message, now: float) -> None:
+    def _deliver(self, message: Message, now: float) -> Message:
         self._last_data = now
         s = self.stats
         s.messages_received += 1
         s.wire_bytes_received += message.wire_bytes
         s.original_bytes_received += message.original_bytes
-        self._events.append(MessageReceived(message))
+        return message
 
     def _account_sent(self, sent: SentInfo, now: float) -> None:
         self._last_data = now
@@ -811,7 +814,7 @@ class SessionProtocol:
             self._queue_output(CloseTransport(close_code, event.code[:100]))
 
 
-_Handler = Callable[[SessionProtocol, str | None, Any, float], None]
+_Handler = Callable[[SessionProtocol, str | None, Any, float], Message | None]
 _HANDLERS: dict[MessageType, _Handler] = {
     MessageType.HELLO: SessionProtocol._on_hello,
     MessageType.ACCEPT: SessionProtocol._on_accept,

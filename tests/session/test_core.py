@@ -32,7 +32,6 @@ from m2mwire.session.core import (
     CloseTransport,
     Established,
     Message,
-    MessageReceived,
     Role,
     SendMessage,
     SessionProtocol,
@@ -54,16 +53,22 @@ def drain(p: SessionProtocol) -> list[Any]:
     return out
 
 
-def pump(src: SessionProtocol, dst: SessionProtocol, now: float = 0.0) -> list[CloseTransport]:
-    """Deliver everything src wants to send to dst; returns src's CloseTransport outputs."""
+def pump(
+    src: SessionProtocol, dst: SessionProtocol, now: float = 0.0, received: list[Message] | None = None
+) -> list[CloseTransport]:
+    """Deliver everything src wants to send to dst; returns src's CloseTransport outputs. DATA
+    messages that dst's receive_* returned go into ``received``."""
     closes = []
     for out in src.data_to_send():
         if isinstance(out, CloseTransport):
             closes.append(out)
-        elif isinstance(out.message, str):
-            dst.receive_text(out.message, now)
+            continue
+        if isinstance(out.message, str):
+            message = dst.receive_text(out.message, now)
         else:
-            dst.receive_binary(b"".join(bytes(memoryview(b)) for b in out.message), now)
+            message = dst.receive_binary(b"".join(bytes(memoryview(b)) for b in out.message), now)
+        if message is not None and received is not None:
+            received.append(message)
     return closes
 
 
@@ -122,8 +127,9 @@ def test_data_round_trip_in_order_with_every_algorithm() -> None:
     algs = [None, Algorithm.TOKEN, Algorithm.BROTLI, Algorithm.TOKENNATIVE, Algorithm.NONE]
     for content, alg in zip(contents, algs, strict=True):
         c.send(content, 1.0, algorithm=alg)
-    pump(c, s, 1.0)
-    received = [e.message for e in drain(s) if isinstance(e, MessageReceived)]
+    received: list[Message] = []
+    pump(c, s, 1.0, received)
+    assert drain(s) == []  # DATA comes back from receive_*, never as an event
     assert [m.kind for m in received] == ["text", "json", "text", "text", "json"]
     assert [received[i].text for i in (0, 2, 3)] == [contents[0], contents[2], contents[3]]
     assert received[4].value == ["a", 1, None]
@@ -145,8 +151,9 @@ def test_tokennative_binary_frames() -> None:
     assert isinstance(out, SendMessage) and out.binary
     frame = b"".join(bytes(b) for b in out.message)
     assert frame[0] == 0  # cl100k
-    s.receive_binary(frame, 1.0)
-    (msg,) = [e.message for e in drain(s) if isinstance(e, MessageReceived)]
+    drain(s)
+    msg = s.receive_binary(frame, 1.0)
+    assert msg is not None and drain(s) == []
     assert (msg.kind, msg.text, msg.binary) == ("text", "binary hello", True)
 
 
@@ -156,8 +163,9 @@ def test_avp_frame_in_latent_mode() -> None:
     tensor = np.arange(8, dtype=np.float32)
     parts = avp.encode_parts(tensor, model_id="tiny", session_id=c.info.session_id if c.info else "")
     c.send_frame(parts, 1.0)
-    pump(c, s, 1.0)
-    (msg,) = [e.message for e in drain(s) if isinstance(e, MessageReceived)]
+    received: list[Message] = []
+    pump(c, s, 1.0, received)
+    (msg,) = received
     assert msg.kind == "avp" and msg.avp is not None
     np.testing.assert_array_equal(msg.avp.tensor(), tensor)
 
@@ -388,10 +396,15 @@ def _receive_outcome(wire: str, compact: bool) -> Message | str:
     """What a fresh server session makes of one DATA: the message, or the violation code."""
     c, s = pair()
     drain(s)
-    s.receive_text(data_message(s.session_id, compact, algorithm="none", content=wire), 1.0)
+    deadline = s.next_deadline()
+    assert deadline is not None
+    message = s.receive_text(data_message(s.session_id, compact, algorithm="none", content=wire), 1.0)
+    if message is not None:
+        # the contract the shell's fast path relies on: nothing else happened
+        assert drain(s) == [] and s.data_to_send() == []
+        assert (s.next_deadline() or 0.0) >= deadline
+        return message
     (event,) = drain(s)
-    if isinstance(event, MessageReceived):
-        return event.message
     assert isinstance(event, Closed) and isinstance(event.error, ProtocolError)
     return event.error.code
 
@@ -483,9 +496,9 @@ def test_data_in_flight_during_close_is_delivered() -> None:
     drain(c), drain(s)
     s.send("late", 1.0)
     c.close(1.0)
-    pump(s, c, 1.0)
-    events = drain(c)
-    assert isinstance(events[0], MessageReceived) and events[0].message.text == "late"
+    received: list[Message] = []
+    pump(s, c, 1.0, received)
+    assert [m.text for m in received] == ["late"]
 
 
 def test_close_before_established_ends_without_wire_close() -> None:
