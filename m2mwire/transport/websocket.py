@@ -28,6 +28,7 @@ from websockets.protocol import Event, State
 
 from m2mwire.errors import TransportError
 from m2mwire.transport.base import Message, OutgoingMessage
+from m2mwire.transport.chunkreader import ChunkReader
 
 __all__ = ["WebSocketChannel", "connect_websocket", "serve_websocket"]
 
@@ -59,6 +60,12 @@ class _PushMixin:
         self._m2m_frags: list[bytes] | None = None
         self._m2m_text = False
         self.m2m_waiter: asyncio.Future[None] | None = None
+        # Swap in the copy-saving reader before any byte arrives; the parser websockets primed
+        # holds the old reader's methods, so it is restarted on the new one.
+        protocol = self.protocol
+        protocol.reader = ChunkReader()
+        protocol.parser = protocol.parse()
+        next(protocol.parser)
 
     def process_event(self, event: Event) -> None:
         opcode = event.opcode if isinstance(event, Frame) else None

@@ -278,3 +278,39 @@ async def test_send_now_writes_whole_messages_and_declines_what_would_wait() -> 
             reading.set()
             await channel.close()
         assert channel.send_now("after close") is False
+
+
+async def test_back_to_back_frames_of_every_size_arrive_intact_through_the_chunk_reader() -> None:
+    """A receiver that starts late gets many frames per socket read, split anywhere: what the
+    chunk reader slices and joins must still be every message, whole and in order."""
+    import hashlib
+
+    from m2mwire.transport.chunkreader import ChunkReader
+    from m2mwire.transport.websocket import WebSocketChannel, connect_websocket, serve_websocket
+
+    sizes = [0, 1, 125, 126, 127, 65535, 65536, 65537, 200_000, 3, 70_000] * 6
+    messages: list[bytes | str] = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
+    messages += ["text é " * (i * 97 % 5000) for i in range(20)]
+    done: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+
+    async def handler(channel: WebSocketChannel) -> None:
+        assert isinstance(channel._ws.protocol.reader, ChunkReader)
+        await asyncio.sleep(0.3)  # let the frames pile up in the socket
+        got = []
+        for _ in range(len(messages)):
+            m = await asyncio.wait_for(channel.recv(), 10)
+            got.append(hashlib.sha256(m.encode() if isinstance(m, str) else m).hexdigest())
+        done.set_result(got)
+        await channel.close()
+
+    server = await serve_websocket(handler, "127.0.0.1", 0, max_message_size=1 << 20)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        channel = await connect_websocket(f"ws://127.0.0.1:{port}", max_message_size=1 << 20)
+        assert isinstance(channel._ws.protocol.reader, ChunkReader)
+        for m in messages:
+            await channel.send(m)
+        got = await asyncio.wait_for(done, 20)
+        await channel.close()
+    expected = [hashlib.sha256(m.encode() if isinstance(m, str) else m).hexdigest() for m in messages]
+    assert got == expected
