@@ -56,7 +56,7 @@ class ChunkReader(StreamReader):
             if self.eof:
                 raise EOFError(f"stream ends after {self._size} bytes, expected {n} bytes")
             yield
-        if n:  # the common case inline (frame headers: several reads per frame): inside one chunk
+        if n:  # _take's one-chunk cases inline: several reads per frame, and most end here
             chunk = self._chunks[0]
             pos = self._pos
             end = pos + n
@@ -64,6 +64,11 @@ class ChunkReader(StreamReader):
                 self._pos = end
                 self._size -= n
                 return chunk[pos:end]
+            if end == len(chunk):
+                self._chunks.popleft()
+                self._pos = 0
+                self._size -= n
+                return chunk if pos == 0 else chunk[pos:]
         return self._take(n)
 
     def read_line(  # type: ignore[override]
