@@ -6,11 +6,13 @@ another whenever the leftover after a read is under half the allocation (the byt
 shrinks by copying). A receiver that falls behind gets several frames per socket read, which
 makes those shrinking copies the rule: at 64 KiB frames, about 1.5 extra copies of every frame
 (callgrind). Here chunks stay as the socket returned them; a read inside one chunk is one slice
-of it (none at all when it is the whole chunk), and only a read that spans chunks joins them.
+of it (none at all when it is the whole chunk, or a view for a frame payload), and only a read
+that spans chunks joins them.
 
 The interface (``read_line``, ``read_exact``, ``read_to_eof``, ``at_eof``, ``feed_data``,
-``feed_eof``, ``discard``, ``eof``) and its errors are websockets' own; reads return ``bytes`` or,
-after a line read had to merge chunks, ``bytearray``, as websockets' reader does.
+``feed_eof``, ``discard``, ``eof``) and its errors are websockets' own. Reads return ``bytes``;
+``bytearray`` after a line read had to merge chunks; a ``memoryview`` for a ``read_exact`` of at
+least 4 KiB inside one chunk (websockets' frame parser and our channel accept all three).
 """
 
 from __future__ import annotations
@@ -21,6 +23,11 @@ from collections.abc import Generator
 from websockets.streams import StreamReader
 
 __all__ = ["ChunkReader"]
+
+# Reads this large come back as memoryviews of the chunk: they are frame payloads (control frames
+# and headers are far smaller), which websockets unmasks into new bytes (server side) and our
+# channel turns into bytes once (client side), so slicing them out first would be a wasted copy.
+_VIEW_FROM = 4096
 
 
 class ChunkReader(StreamReader):
@@ -50,7 +57,9 @@ class ChunkReader(StreamReader):
                 return True
             yield
 
-    def read_exact(self, n: int) -> Generator[None, None, bytes | bytearray]:  # type: ignore[override]
+    def read_exact(  # type: ignore[override]
+        self, n: int
+    ) -> Generator[None, None, bytes | bytearray | memoryview]:
         assert n >= 0
         while self._size < n:
             if self.eof:
@@ -63,12 +72,14 @@ class ChunkReader(StreamReader):
             if end < len(chunk):
                 self._pos = end
                 self._size -= n
-                return chunk[pos:end]
+                return chunk[pos:end] if n < _VIEW_FROM else memoryview(chunk)[pos:end]
             if end == len(chunk):
                 self._chunks.popleft()
                 self._pos = 0
                 self._size -= n
-                return chunk if pos == 0 else chunk[pos:]
+                if pos == 0:
+                    return chunk
+                return chunk[pos:] if n < _VIEW_FROM else memoryview(chunk)[pos:]
         return self._take(n)
 
     def read_line(  # type: ignore[override]

@@ -22,7 +22,7 @@ def _drive(reader: StreamReader, gen: Generator[None, None, Any], feeds: list[by
             next(gen)
         except StopIteration as stop:
             value = stop.value
-            return ("ok", bytes(value) if isinstance(value, bytes | bytearray) else value)
+            return ("ok", bytes(value) if isinstance(value, bytes | bytearray | memoryview) else value)
         except (EOFError, RuntimeError, ValueError) as exc:
             return ("error", type(exc).__name__, str(exc))
         if feeds:
@@ -53,11 +53,11 @@ def _run(reader: StreamReader, ops: list[Op], chunks: list[bytes]) -> list[tuple
     return results
 
 
-_PIECES = [b"a", b"b", b"\n", b"\r\n", b"xyz" * 5, bytes(range(256))]
+_PIECES = [b"a", b"b", b"\n", b"\r\n", b"xyz" * 5, bytes(range(256)), bytes(range(255, -1, -1)) * 24]
 data_st = st.lists(st.sampled_from(_PIECES), max_size=30).map(b"".join)
 ops_st = st.lists(
     st.one_of(
-        st.tuples(st.just("exact"), st.integers(0, 300)),
+        st.tuples(st.just("exact"), st.integers(0, 300) | st.integers(4000, 6000)),  # payload-sized too
         st.tuples(st.just("line"), st.integers(1, 300)),
         st.tuples(st.just("at_eof"), st.just(0)),
         st.tuples(st.just("discard"), st.just(0)),
@@ -100,3 +100,21 @@ def test_line_arriving_a_byte_at_a_time_and_over_the_limit() -> None:
     reader = ChunkReader()
     result = _drive(reader, reader.read_line(8), [b"abcd", b"efgh", b"ijkl\n"])
     assert result[:2] == ("error", "RuntimeError")
+
+
+def test_payload_sized_reads_are_views_of_the_chunk_with_the_right_bytes() -> None:
+    data = bytes(range(256)) * 40
+    reader = ChunkReader()
+    reader.feed_data(data)
+    assert _drive(reader, reader.read_exact(2), []) == ("ok", data[:2])
+    gen = reader.read_exact(5000)  # inside the chunk
+    try:
+        next(gen)
+    except StopIteration as stop:
+        assert isinstance(stop.value, memoryview) and stop.value == data[2:5002]
+    gen = reader.read_exact(len(data) - 5002)  # the rest of the chunk
+    try:
+        next(gen)
+    except StopIteration as stop:
+        assert isinstance(stop.value, memoryview) and stop.value == data[5002:]
+    assert _drive(reader, reader.at_eof(), []) == ("ok", True)
