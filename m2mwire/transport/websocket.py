@@ -32,7 +32,7 @@ from m2mwire.transport.chunkreader import ChunkReader
 
 __all__ = ["WebSocketChannel", "connect_websocket", "serve_websocket"]
 
-_WRITE_LIMIT = 4 * 1024 * 1024
+_WRITE_LIMIT = 32 * 1024
 # Binary messages handed over in parts are joined below this size (a copy is cheaper than a frame,
 # a mask and a syscall per part); larger ones go out as fragments of one message.
 _JOIN_BELOW = 256 * 1024
