@@ -8,7 +8,8 @@ Goals (issue 4): p50 within 1.2x of raw, throughput at least 0.8x of raw.
 
 The machine is a shared VM whose speed drifts within seconds, so raw and session are measured
 side by side: round trips alternate in batches of 50 on two open connections, and throughput
-trials alternate raw/session in ABBA order, the ratio taken per pair (4 pairs of 1500 frames a round).
+trials alternate raw/session in ABBA order, the ratio taken per pair (4 pairs of 1500 frames
+a round; raw vs raw + avp.decode is measured after them, in its own pairs).
 
     .venv/bin/python benchmarks/bench_session_ws.py [--rounds 3]
 """
@@ -21,6 +22,7 @@ import json
 import multiprocessing as mp
 import statistics
 import time
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import numpy as np
@@ -158,10 +160,28 @@ async def _tput_session(session: Any, frame: bytes, n: int) -> float:
     return got / elapsed
 
 
+async def _abba(
+    a: Callable[[], Awaitable[float]], b: Callable[[], Awaitable[float]], trials: int
+) -> list[tuple[float, float]]:
+    """``trials`` pairs of (a, b), alternating which runs first so neither always follows a pause."""
+    pairs = []
+    for i in range(trials):
+        if i % 2:
+            y = await b()
+            x = await a()
+        else:
+            x = await a()
+            y = await b()
+        pairs.append((x, y))
+    return pairs
+
+
 async def _tput_pairs(
     raw_port: int, ses_port: int, rawavp_port: int, frame_raw: bytes, frame_avp: bytes, n: int, trials: int
-) -> list[tuple[float, float, float]]:
-    """(raw, session, raw + avp.decode) one-way throughput, in alternating trials of ``n`` frames."""
+) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    """One-way throughput in trials of ``n`` frames: (raw, session) pairs, then (raw, raw +
+    avp.decode) pairs. Each comparison alternates on its own: a third kind of trial in between
+    perturbed the pair (the raw+avp server page-faults ~12 times per 64 KiB frame)."""
     from m2mwire.api import connect
     from m2mwire.schemas.identity import ModelIdentity
 
@@ -180,16 +200,13 @@ async def _tput_pairs(
         assert session.info.mode == "LATENT"
         await _tput_raw(ws, frame_raw, n // 4)  # warm-up
         await _tput_session(session, frame_avp, n // 4)
-        results = []
-        for i in range(trials):  # ABBA order: neither side always runs first after a pause
-            if i % 2:
-                s = await _tput_session(session, frame_avp, n)
-                r = await _tput_raw(ws, frame_raw, n)
-            else:
-                r = await _tput_raw(ws, frame_raw, n)
-                s = await _tput_session(session, frame_avp, n)
-            results.append((r, s, await _tput_raw(wsa, frame_avp, n)))
-        return results
+        raw_session = await _abba(
+            lambda: _tput_raw(ws, frame_raw, n), lambda: _tput_session(session, frame_avp, n), trials
+        )
+        raw_rawavp = await _abba(
+            lambda: _tput_raw(ws, frame_raw, n), lambda: _tput_raw(wsa, frame_avp, n), trials // 2
+        )
+        return raw_session, raw_rawavp
 
 
 async def _chat_session(port: int, payloads: list[str], n: int) -> float:
@@ -260,10 +277,12 @@ def main() -> None:
             for q, name in ((0.5, "p50"), (0.99, "p99")):
                 add(f"rtt{size}_raw_{name}", _pct(raw, q))
                 add(f"rtt{size}_ses_{name}", _pct(ses, q))
-        for r, s_, a in await _tput_pairs(raw_port, ses_port, rawavp_port, frame_raw, frame_avp, 1500, 4):
+        pairs, avp_pairs = await _tput_pairs(raw_port, ses_port, rawavp_port, frame_raw, frame_avp, 1500, 4)
+        for r, s_ in pairs:
             add("tput_raw", r)
             add("tput_ses", s_)
             add("tput_ratio", s_ / r)
+        for r, a in avp_pairs:
             add("tput_rawavp", a)
             add("tput_rawavp_ratio", a / r)
         add("chat_ses", await _chat_session(ses_port, chat, 3000))
