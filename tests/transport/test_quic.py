@@ -414,8 +414,8 @@ async def test_client_detects_a_vanished_server_on_recv_and_send() -> None:
         await server.wait_closed()
 
 
-async def test_stream_reset_ends_only_that_channel() -> None:
-    errors: asyncio.Queue[TransportError] = asyncio.Queue()
+def _echo_until_error(errors: asyncio.Queue[TransportError]) -> Callable[[QuicChannel], Awaitable[None]]:
+    """A channel handler that echoes until the channel fails, then reports the error."""
 
     async def handler(channel: QuicChannel) -> None:
         try:
@@ -423,6 +423,13 @@ async def test_stream_reset_ends_only_that_channel() -> None:
                 await channel.send(await channel.recv())
         except TransportError as exc:
             errors.put_nowait(exc)
+
+    return handler
+
+
+async def test_stream_reset_ends_only_that_channel() -> None:
+    errors: asyncio.Queue[TransportError] = asyncio.Queue()
+    handler = _echo_until_error(errors)
 
     async with server_and_client(handler) as (_, conn):
         a, b = await conn.open_channel(), await conn.open_channel()
@@ -450,13 +457,7 @@ async def test_stream_reset_ends_only_that_channel() -> None:
 )
 async def test_malformed_frame_ends_only_that_channel(raw: bytes, code: int) -> None:
     errors: asyncio.Queue[TransportError] = asyncio.Queue()
-
-    async def handler(channel: QuicChannel) -> None:
-        try:
-            while True:
-                await channel.send(await channel.recv())
-        except TransportError as exc:
-            errors.put_nowait(exc)
+    handler = _echo_until_error(errors)
 
     async with server_and_client(handler) as (_, conn):
         bad, good = await conn.open_channel(), await conn.open_channel()
