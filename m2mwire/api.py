@@ -265,13 +265,13 @@ class Session:
             raise
 
     def _avp_parts(self, content: object) -> Sequence[Buffer]:
-        from m2mwire import avp  # local: keeps numpy/protobuf work off the import path of text users
-
+        if type(content) is bytes or isinstance(content, bytearray | memoryview):
+            return (content,)
         if isinstance(content, AVPMessage):
-            return [content.raw]
-        if isinstance(content, bytes | bytearray | memoryview):
-            return [content]
+            return (content.raw,)
         if isinstance(content, np.ndarray):
+            from m2mwire import avp  # local: keeps numpy/protobuf work off the import path of text users
+
             if self._avp_metadata is None:
                 # Built once per session: identical metadata keeps encode_parts on its fast path.
                 info = self.info

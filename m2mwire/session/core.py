@@ -325,23 +325,14 @@ class SessionProtocol:
                 "binary frame before the session was established", "BINARY_BEFORE_ACCEPT"
             )
             return None
-        view = memoryview(data)
-        if len(view) == 0:
+        view = data if type(data) is bytes else memoryview(data)  # bytes index and slice as they are
+        size = len(view)
+        if size == 0:
             self._protocol_violation("empty binary frame", "MALFORMED_MESSAGE")
             return None
         first = view[0]
         try:
-            if first in _TOKENNATIVE_BINARY_IDS:
-                text = decompress_binary(view, limits=self.config.limits)
-                message = Message(
-                    kind="text",
-                    algorithm="tokennative",
-                    binary=True,
-                    wire_bytes=len(view),
-                    original_bytes=_utf8_len(text),
-                    text=text,
-                )
-            elif view[:2] == AVP_MAGIC:
+            if first == 0x41 and size > 1 and view[1] == 0x56:  # b"AV": an AVP frame
                 assert self.info is not None
                 if self.info.mode != "LATENT":
                     self._protocol_violation(
@@ -353,9 +344,19 @@ class SessionProtocol:
                     kind="avp",
                     algorithm="avp",
                     binary=True,
-                    wire_bytes=len(view),
+                    wire_bytes=size,
                     original_bytes=len(frame.payload),
                     avp=frame,
+                )
+            elif first in _TOKENNATIVE_BINARY_IDS:
+                text = decompress_binary(view, limits=self.config.limits)
+                message = Message(
+                    kind="text",
+                    algorithm="tokennative",
+                    binary=True,
+                    wire_bytes=size,
+                    original_bytes=_utf8_len(text),
+                    text=text,
                 )
             else:
                 self._protocol_violation(
@@ -435,17 +436,25 @@ class SessionProtocol:
 
     def send_frame(self, parts: Sequence[Buffer], now: float) -> SentInfo:
         """Queue one already-encoded AVP frame (as one or more buffers) for a latent-mode session."""
-        info = self._require_established()
+        info = self.info
+        if self.state is not _ESTABLISHED or info is None:
+            info = self._require_established()  # raises
         if info.mode != "LATENT":
             raise ModeError(
                 f"cannot send an AVP frame: this session negotiated {info.mode} mode "
                 f"({info.mode_reason}); latent mode needs both agents to offer a compatible model identity"
             )
-        size = sum(memoryview(p).nbytes for p in parts)
-        if size < 12 or bytes(memoryview(parts[0])[:2]) != AVP_MAGIC:
+        if len(parts) == 1 and type(first := parts[0]) is bytes:  # the usual case, without views
+            size = len(first)
+            magic = first[:2]
+        else:
+            size = sum(memoryview(p).nbytes for p in parts)
+            magic = bytes(memoryview(parts[0])[:2]) if parts else b""
+        if size < 12 or magic != AVP_MAGIC:
             raise EncodeError("send_frame() takes an encoded AVP frame (starting with b'AV')")
-        self._check_payload_size(size, "AVP frame")
-        self._queue_output(SendMessage(tuple(parts)))
+        if size > self._payload_limit:
+            self._check_payload_size(size, "AVP frame")
+        self._queue_output(SendMessage(parts if type(parts) is tuple else tuple(parts)))
         sent = SentInfo("avp", True, size, size)
         self._account_sent(sent, now)
         return sent

@@ -170,6 +170,46 @@ def test_avp_frame_in_latent_mode() -> None:
     np.testing.assert_array_equal(msg.avp.tensor(), tensor)
 
 
+@pytest.mark.parametrize(
+    "form",
+    [
+        lambda f: (f,),
+        lambda f: [bytearray(f)],
+        lambda f: (memoryview(f),),
+        lambda f: (f[:20], memoryview(f)[20:]),  # header+metadata and a payload view, as encode_parts gives
+    ],
+)
+def test_send_frame_takes_any_buffer_form(form: Any) -> None:
+    c, s = pair(cfg(identity=IDENT), cfg(identity=IDENT))
+    drain(s)
+    tensor = np.arange(8, dtype=np.float32)
+    frame = avp.encode(tensor)
+    sent = c.send_frame(form(frame), 1.0)
+    assert sent.wire_bytes == len(frame) and c.stats.wire_bytes_sent == len(frame)
+    received: list[Message] = []
+    pump(c, s, 1.0, received)
+    (msg,) = received
+    assert msg.avp is not None and bytes(msg.avp.raw) == frame and msg.wire_bytes == len(frame)
+
+
+@pytest.mark.parametrize(
+    ("parts", "error"),
+    [
+        ((), EncodeError),
+        ((b"",), EncodeError),
+        ((b"AV",), EncodeError),  # under the 12-byte header
+        ((b"AX" + bytes(20),), EncodeError),
+        ((memoryview(b"XV" + bytes(20)),), EncodeError),
+        ((b"AV" + bytes(2000),), LimitExceeded),  # over the negotiated max_payload of 1000
+    ],
+)
+def test_send_frame_rejects_and_queues_nothing(parts: Any, error: type[Exception]) -> None:
+    c, _ = pair(cfg(identity=IDENT, max_payload=1000), cfg(identity=IDENT))
+    with pytest.raises(error):
+        c.send_frame(parts, 1.0)
+    assert c.data_to_send() == [] and c.stats.messages_sent == 0
+
+
 def test_avp_frame_refused_in_json_mode_with_clear_error() -> None:
     c, _ = pair()
     parts = avp.encode_parts(np.zeros(4, dtype=np.float32))
@@ -347,13 +387,24 @@ def test_binary_before_accept() -> None:
 
 
 @pytest.mark.parametrize(
-    "frame", [b"", b"\x07abc", b"Zzz", b"\x00\xff\xff\xff\xff\xff\xff", b"AVgarbage-frame"]
+    ("frame", "code"),
+    [
+        (b"", "MALFORMED_MESSAGE"),
+        (b"\x07abc", "MALFORMED_MESSAGE"),
+        (b"Zzz", "MALFORMED_MESSAGE"),
+        (b"A", "MALFORMED_MESSAGE"),  # an 'A' alone or not followed by 'V' is not an AVP frame
+        (b"AX\x01\x00", "MALFORMED_MESSAGE"),
+        (b"\x00\xff\xff\xff\xff\xff\xff", "INVALID_DATA"),
+        (b"AVgarbage-frame", "INVALID_DATA"),
+        (memoryview(b"AVgarbage-frame"), "INVALID_DATA"),
+        (bytearray(b"AV"), "INVALID_DATA"),
+    ],
 )
-def test_bad_binary_frames(frame: bytes) -> None:
+def test_bad_binary_frames(frame: bytes, code: str) -> None:
     c, s = pair(cfg(identity=IDENT), cfg(identity=IDENT))
     drain(s)
-    s.receive_binary(frame, 1.0)
-    assert _violation(s).code in {"MALFORMED_MESSAGE", "INVALID_DATA"}
+    assert s.receive_binary(frame, 1.0) is None
+    assert _violation(s).code == code
 
 
 def data_message(sid: str | None, compact: bool, **payload: Any) -> str:
