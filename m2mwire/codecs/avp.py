@@ -91,6 +91,7 @@ BufferLike: TypeAlias = bytes | bytearray | memoryview
 PayloadLike: TypeAlias = bytes | bytearray | memoryview | np.ndarray[Any, Any]
 
 _HEADER = struct.Struct("<2sBBII")
+_U32 = struct.Struct("<I")
 _BIG_ENDIAN_HOST = sys.byteorder == "big"
 
 
@@ -297,7 +298,17 @@ class AVPMessage:
     ``tensor_shape`` are available without building the whole :class:`AVPMetadata`.
     """
 
-    __slots__ = ("_metadata", "_pb", "dtype", "header", "payload", "payload_type", "raw", "tensor_shape")
+    __slots__ = (
+        "_checksum",
+        "_metadata",
+        "_pb",
+        "dtype",
+        "header",
+        "payload",
+        "payload_type",
+        "raw",
+        "tensor_shape",
+    )
 
     def __init__(
         self,
@@ -308,6 +319,7 @@ class AVPMessage:
         payload_type: PayloadType,
         dtype: DataType,
         tensor_shape: tuple[int, ...],
+        checksum: int | None,
     ) -> None:
         self.raw = raw  # the whole frame, as received (a view; forward it unchanged)
         self.header = header
@@ -315,7 +327,10 @@ class AVPMessage:
         self.payload_type = payload_type
         self.dtype = dtype
         self.tensor_shape = tensor_shape
+        # Fields 1-14 are read from pb, field 15 from here: a cached pb serves every frame of a
+        # stream, with only the checksum differing (see _decode_known).
         self._pb = pb
+        self._checksum = checksum
         self._metadata: AVPMetadata | None = None
 
     @property
@@ -339,7 +354,7 @@ class AVPMessage:
             _set(md, "avp_map_id", pb.avp_map_id)
             extra = pb.extra
             _set(md, "extra", MappingProxyType(dict(extra)) if extra else _NO_EXTRA)
-            _set(md, "payload_checksum", pb.payload_checksum if pb.HasField("payload_checksum") else None)
+            _set(md, "payload_checksum", self._checksum)
             _set(md, "_wire", None)
             self._metadata = md
         return md
@@ -923,6 +938,9 @@ def decode(
     bad CRC); a limit raises :class:`LimitExceeded`.
     """
     mv = memoryview(data) if type(data) is bytes else _input_view(data)
+    known = _decode_known(mv) if limits is None and not allow_trailing else None
+    if type(known) is AVPMessage:
+        return known
     header = _parse_header(mv)
     end = HEADER_SIZE + header.payload_length
     size = len(mv)
@@ -973,12 +991,12 @@ def decode(
             )
         payload = body
     expected = pb.payload_checksum
+    checksum = None
     if expected or pb.HasField("payload_checksum"):  # a non-zero value is present: skip the call
         actual = crc32(payload) if len(payload) < _ZLIB_CRC_BELOW else _deflate_crc32(payload)
         if actual != expected:
-            raise ChecksumMismatch(
-                f"AVP payload checksum mismatch: metadata says 0x{expected:08x}, payload has 0x{actual:08x}"
-            )
+            raise _checksum_mismatch(expected, actual)
+        checksum = expected
     dims = pb.tensor_shape
     ndims = len(dims)
     if ndims == 0:
@@ -991,6 +1009,107 @@ def decode(
         shape = tuple(dims[:])
         if pt == 0:
             _check_shape(shape, _DATA_TYPES[dt], len(payload), DecodeError)
-    return AVPMessage(
-        mv if size == end else mv[:end], header, payload, pb, _PAYLOAD_TYPES[pt], _DATA_TYPES[dt], shape
+    msg = AVPMessage(
+        mv if size == end else mv[:end],
+        header,
+        payload,
+        pb,
+        _PAYLOAD_TYPES[pt],
+        _DATA_TYPES[dt],
+        shape,
+        checksum,
     )
+    if type(known) is bytes and not flags & FLAG_COMPRESSED:
+        _learn(known, mv, msg)
+    return msg
+
+
+def _checksum_mismatch(expected: int, actual: int) -> ChecksumMismatch:
+    return ChecksumMismatch(
+        f"AVP payload checksum mismatch: metadata says 0x{expected:08x}, payload has 0x{actual:08x}"
+    )
+
+
+# A stream of frames (one sender's hidden states) repeats the same header and metadata, except the
+# CRC in payload_checksum: field 15, the highest number, so serializers (ours, the SDK's) write it
+# last. Once a header + metadata prefix has been decoded twice and the prefix parses on its own,
+# it is kept as a template: later frames with that exact prefix skip protobuf parsing and
+# validation, and only the trailing checksum is read and verified. This is exact, not a guess: a
+# prefix that parses on its own ends on a field boundary, so prefix + field 15 parses as the
+# prefix's fields followed by field 15. Anything else (compressed, trailing bytes, custom limits,
+# another layout) takes the full path.
+
+
+class _Template(NamedTuple):
+    header: AVPHeader
+    pb: avp_pb2.Metadata  # the prefix parsed: fields 1-14 of every frame that shares it (never mutated)
+    payload_type: PayloadType
+    dtype: DataType
+    tensor_shape: tuple[int, ...]
+    frame_length: int
+
+
+# A key whose prefix does not parse on its own (frame_length -1 never matches a frame).
+_NOT_A_PREFIX: Final = _Template(
+    AVPHeader(VERSION, 0, 0, 0), _PB(), PayloadType.HIDDEN_STATE, DataType.FLOAT32, (), -1
+)
+_TEMPLATES: dict[bytes, _Template] = {}
+_SEEN: dict[bytes, None] = {}  # keys decoded once; apart, so that churn there evicts no template
+_SLOTS: Final = 256  # per dict; a full one is cleared (memory stays bounded whatever peers send)
+_CHECKSUM_TAG: Final = 15 << 3  # field 15, wire type 0 (varint)
+
+
+def _decode_known(mv: memoryview) -> AVPMessage | bytes | None:
+    """A frame decoded from its template; else the template key to learn (bytes), or None when
+    the metadata does not end with payload_checksum."""
+    size = len(mv)
+    if size < HEADER_SIZE:
+        return None
+    meta_end = HEADER_SIZE + _U32.unpack_from(mv, 8)[0]
+    if meta_end > size or meta_end < HEADER_SIZE + 2:
+        return None
+    # The checksum varint, read backwards: a last byte < 0x80, at most 4 continuation bytes
+    # (>= 0x80) before it, and the tag before those.
+    i = meta_end - 1
+    value = mv[i]
+    if value >= 0x80:
+        return None
+    i -= 1
+    low = max(meta_end - 5, HEADER_SIZE)
+    while i >= low and (b := mv[i]) >= 0x80:
+        value = (value << 7) | (b & 0x7F)
+        i -= 1
+    if i < HEADER_SIZE or mv[i] != _CHECKSUM_TAG or value > 0xFFFF_FFFF:
+        return None
+    key = mv[:i].tobytes()
+    t = _TEMPLATES.get(key)
+    if t is None or t.frame_length != size:
+        return key
+    payload = mv[meta_end:]
+    actual = _deflate_crc32(payload) if len(payload) >= _ZLIB_CRC_BELOW else _zlib_crc32(payload)
+    if actual != value:
+        raise _checksum_mismatch(value, actual)
+    return AVPMessage(mv, t.header, payload, t.pb, t.payload_type, t.dtype, t.tensor_shape, value)
+
+
+def _learn(key: bytes, mv: memoryview, msg: AVPMessage) -> None:
+    """After a full decode of a frame whose template key is ``key``: note it the first time, make
+    the template the second (a stream whose metadata changes every frame never pays for one)."""
+    if key in _TEMPLATES:
+        return  # _NOT_A_PREFIX
+    if key not in _SEEN:
+        if len(_SEEN) >= _SLOTS:
+            _SEEN.clear()
+        _SEEN[key] = None
+        return
+    _SEEN.pop(key, None)
+    pb = _PB()
+    try:
+        pb.ParseFromString(mv[HEADER_SIZE : len(key)])
+    except Exception:  # the last 0x78 byte was inside another field: no field boundary there
+        template = _NOT_A_PREFIX
+    else:
+        template = _Template(msg.header, pb, msg.payload_type, msg.dtype, msg.tensor_shape, len(mv))
+    if len(_TEMPLATES) >= _SLOTS:
+        _TEMPLATES.clear()
+    _TEMPLATES[key] = template

@@ -744,3 +744,113 @@ def test_fast_path_declines_what_it_does_not_handle() -> None:
         avp.encode(np.ones(4, dtype=np.float32), avp.AVPMetadata(dtype=avp.DataType.FLOAT16))
     with pytest.raises(EncodeError, match="tensor_shape"):
         avp.encode(np.ones(4, dtype=np.float32), avp.AVPMetadata(tensor_shape=(5,)))
+
+
+# --------------------------------------------------------------------------------------------------
+# A stream of frames: the parsed metadata prefix is reused (codec._decode_known), and must decode
+# exactly as the full path does (``limits=`` given always takes the full path).
+
+
+def _outcome(data: bytes, **kwargs: Any) -> tuple[Any, ...]:
+    try:
+        msg = avp.decode(data, **kwargs)
+    except (DecodeError, LimitExceeded) as exc:
+        return (type(exc), str(exc))
+    return (msg.raw.tobytes(), msg.payload.tobytes(), msg.header, msg.metadata, msg.tensor_shape, msg.dtype)
+
+
+def _varint(value: int, width: int | None = None) -> bytes:
+    """``value`` as a protobuf varint; ``width`` pads it (non-minimal, still valid) to that many bytes."""
+    out = bytearray()
+    while True:
+        low, value = value & 0x7F, value >> 7
+        if value == 0 and (width is None or len(out) + 1 >= width):
+            out.append(low)
+            return bytes(out)
+        out.append(low | 0x80)
+
+
+def test_stream_reuses_the_parsed_prefix_and_checks_every_crc() -> None:
+    rng = np.random.default_rng(5)
+    md = avp.AVPMetadata(session_id="s", model_id="m", hidden_dim=16, extra={"k": "v"})
+    tensors = [rng.standard_normal(16).astype(np.float32) for _ in range(6)]
+    frames = [avp.encode(t, md) for t in tensors]
+    pbs = []
+    for t, f in zip(tensors, frames, strict=True):
+        msg = avp.decode(f)
+        np.testing.assert_array_equal(msg.tensor(), t)
+        assert msg.metadata == avp.decode(f, limits=Limits()).metadata  # the full path
+        assert msg.metadata.payload_checksum == zlib.crc32(t.tobytes())
+        pbs.append(msg._pb)
+    assert pbs[2] is pbs[3] is pbs[5]  # decoded from the template learnt on the second frame
+    assert pbs[0] is not pbs[1]
+    bad = bytearray(frames[4])
+    bad[-1] ^= 1  # same header and prefix, corrupted payload
+    with pytest.raises(ChecksumMismatch, match="checksum mismatch"):
+        avp.decode(bad)
+
+
+def test_one_off_frames_neither_grow_memory_nor_evict_a_stream_template() -> None:
+    md = avp.AVPMetadata(session_id="steady")
+    steady = [avp.encode(np.full(4, i, dtype=np.float32), md) for i in range(4)]
+    for f in steady[:3]:
+        avp.decode(f)
+    template_pb = avp.decode(steady[2])._pb
+    for i in range(3 * codec._SLOTS):  # every metadata different: first sightings only
+        avp.decode(avp.encode(np.zeros(4, dtype=np.float32), session_id=f"one-off-{i}"))
+    assert len(codec._SEEN) <= codec._SLOTS and len(codec._TEMPLATES) <= codec._SLOTS
+    assert avp.decode(steady[3])._pb is template_pb
+
+
+@pytest.mark.parametrize(
+    ("meta", "checksum"),
+    [
+        (meta_bytes(model_id="abx\x05"), None),  # ends with 78 05 inside the string
+        (meta_bytes(model_id="m") + b"\x82\x01\x03\x78\x85\x01", None),  # inside unknown field 16
+        (meta_bytes(model_id="m", payload_checksum=7) + b"\x82\x01\x02\x78\x05", 7),
+    ],
+)
+def test_checksum_look_alike_inside_a_field_is_not_a_template(meta: bytes, checksum: int | None) -> None:
+    """Metadata that merely ends like field 15 does not end with a checksum: the prefix before
+    the look-alike does not parse on its own, so no template is made and nothing is misread (a
+    wrong template would check a CRC read from the look-alike bytes from the third frame on)."""
+    for body in (b"\x00" * 8, b"\x01" * 8, b"\x02" * 8, b"\x03" * 8):
+        data = frame(0, meta, body)
+        assert _outcome(data) == _outcome(data, limits=Limits())
+        if checksum is None:
+            assert avp.decode(data).metadata.payload_checksum is None
+        else:  # the real checksum, earlier in the metadata, matches none of these bodies
+            with pytest.raises(ChecksumMismatch, match=f"0x{checksum:08x}"):
+                avp.decode(data)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    prefix=st.one_of(
+        st.builds(
+            meta_bytes,
+            model_id=st.text(max_size=6),
+            dtype=st.integers(0, 3),
+            tensor_shape=st.lists(st.integers(0, 40), max_size=2),
+            avp_map_id=st.sampled_from(["", "map"]),
+            payload_type=st.integers(0, 1),
+        ),
+        st.binary(max_size=12),  # junk, and prefixes that end inside a field
+    ),
+    flags=st.integers(0, 7),
+    width=st.sampled_from([None, 5]),
+    payloads=st.lists(st.binary(min_size=8, max_size=8), min_size=3, max_size=6),
+    wrong=st.lists(st.booleans(), min_size=6, max_size=6),
+    cut=st.integers(-3, 3),
+)
+def test_decode_equals_the_full_path_on_any_stream(
+    prefix: bytes, flags: int, width: int | None, payloads: list[bytes], wrong: list[bool], cut: int
+) -> None:
+    """Frames sharing a header and metadata prefix, with right and wrong checksums, then truncated
+    or extended: the default path (learning, then decoding from templates) and the full path
+    agree on every one, error for error."""
+    for payload, bad in zip(payloads, wrong, strict=False):
+        crc = zlib.crc32(payload) ^ (1 if bad else 0)
+        data = frame(flags, prefix + b"\x78" + _varint(crc, width), payload)
+        for variant in (data, data[: len(data) + cut] if cut < 0 else data + bytes(cut)):
+            assert _outcome(variant) == _outcome(variant, limits=Limits())
