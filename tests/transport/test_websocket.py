@@ -282,11 +282,19 @@ async def test_send_now_writes_whole_messages_and_declines_what_would_wait() -> 
 
 async def test_back_to_back_frames_of_every_size_arrive_intact_through_the_chunk_reader() -> None:
     """A receiver that starts late gets many frames per socket read, split anywhere: what the
-    chunk reader slices and joins must still be every message, whole and in order."""
+    chunk reader slices and joins must still be every message, whole and in order. Its reads
+    fill asyncio's 256 KiB buffer, so the connection switches to 1 MiB reads on the way."""
     import hashlib
 
     from m2mwire.transport.chunkreader import ChunkReader
-    from m2mwire.transport.websocket import WebSocketChannel, connect_websocket, serve_websocket
+    from m2mwire.transport.websocket import (
+        _BULK_READ,
+        WebSocketChannel,
+        connect_websocket,
+        serve_websocket,
+    )
+
+    server_transports: list[Any] = []
 
     sizes = [0, 1, 125, 126, 127, 65535, 65536, 65537, 200_000, 3, 70_000] * 6
     messages: list[bytes | str] = [bytes([i % 251]) * n for i, n in enumerate(sizes)]
@@ -295,6 +303,8 @@ async def test_back_to_back_frames_of_every_size_arrive_intact_through_the_chunk
 
     async def handler(channel: WebSocketChannel) -> None:
         assert isinstance(channel._ws.protocol.reader, ChunkReader)
+        assert channel._ws.transport.max_size == 256 * 1024  # asyncio's own, until a read fills it
+        server_transports.append(channel._ws.transport)
         await asyncio.sleep(0.3)  # let the frames pile up in the socket
         got = []
         for _ in range(len(messages)):
@@ -311,6 +321,8 @@ async def test_back_to_back_frames_of_every_size_arrive_intact_through_the_chunk
         for m in messages:
             await channel.send(m)
         got = await asyncio.wait_for(done, 20)
+        assert channel._ws.transport.max_size == 256 * 1024  # it only sent: reads stay small
         await channel.close()
     expected = [hashlib.sha256(m.encode() if isinstance(m, str) else m).hexdigest() for m in messages]
     assert got == expected
+    assert [t.max_size for t in server_transports] == [_BULK_READ]
