@@ -17,8 +17,9 @@ least 4 KiB inside one chunk (websockets' frame parser and our channel accept al
 
 from __future__ import annotations
 
+import sys
 from collections import deque
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 
 from websockets.streams import StreamReader
 
@@ -31,15 +32,24 @@ _VIEW_FROM = 4096
 
 
 class ChunkReader(StreamReader):
-    def __init__(self) -> None:
+    """``on_large_chunk`` (if given) is called once, when a chunk of ``large_chunk`` bytes or more
+    is first fed: the transport's cue that the peer sends faster than it reads."""
+
+    def __init__(self, *, large_chunk: int = 0, on_large_chunk: Callable[[], None] | None = None) -> None:
         super().__init__()
         self._chunks: deque[bytes | bytearray] = deque()
         self._pos = 0  # read position in _chunks[0]
         self._size = 0  # bytes fed and not yet read
+        self._large_chunk = large_chunk if on_large_chunk is not None else sys.maxsize
+        self._on_large_chunk = on_large_chunk
 
     def feed_data(self, data: bytes | bytearray) -> None:
         if self.eof:
             raise EOFError("stream ended")
+        if len(data) >= self._large_chunk:
+            self._large_chunk = sys.maxsize
+            assert self._on_large_chunk is not None
+            self._on_large_chunk()
         if data:
             # asyncio hands over bytes it no longer uses; anything mutable is copied once.
             self._chunks.append(data if type(data) is bytes else bytes(data))

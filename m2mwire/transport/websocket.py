@@ -67,22 +67,18 @@ class _PushMixin:
         self._m2m_frags: list[bytes] | None = None
         self._m2m_text = False
         self.m2m_waiter: asyncio.Future[None] | None = None
-        self.m2m_bulk_reads = False
         # Swap in the copy-saving reader before any byte arrives; the parser websockets primed
         # holds the old reader's methods, so it is restarted on the new one.
         protocol = self.protocol
-        protocol.reader = ChunkReader()
+        protocol.reader = ChunkReader(large_chunk=_BULK_READ_FROM, on_large_chunk=self._m2m_read_in_bulk)
         protocol.parser = protocol.parse()
         next(protocol.parser)
 
-    def data_received(self, data: bytes) -> None:
-        if len(data) >= _BULK_READ_FROM and not self.m2m_bulk_reads:
-            self.m2m_bulk_reads = True
-            # max_size is the selector transport's read size (an instance attribute overrides it);
-            # other transports (TLS, uvloop) read their own way and are left alone.
-            if getattr(self.transport, "max_size", None) == len(data):
-                self.transport.max_size = _BULK_READ
-        super().data_received(data)  # type: ignore[misc]
+    def _m2m_read_in_bulk(self) -> None:
+        # max_size is the selector transport's read size (an instance attribute overrides the
+        # class's); other transports (TLS, uvloop) read their own way and are left alone.
+        if getattr(self.transport, "max_size", None) == _BULK_READ_FROM:
+            self.transport.max_size = _BULK_READ
 
     def process_event(self, event: Event) -> None:
         if type(event) is not Frame or (opcode := event.opcode) not in _DATA_OPCODES:

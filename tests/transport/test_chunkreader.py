@@ -118,3 +118,15 @@ def test_payload_sized_reads_are_views_of_the_chunk_with_the_right_bytes() -> No
     except StopIteration as stop:
         assert isinstance(stop.value, memoryview) and stop.value == data[5002:]
     assert _drive(reader, reader.at_eof(), []) == ("ok", True)
+
+
+def test_large_chunk_hook_fires_once_at_the_first_large_chunk() -> None:
+    calls: list[int] = []
+    reader = ChunkReader(large_chunk=100, on_large_chunk=lambda: calls.append(reader._size))
+    reader.feed_data(b"x" * 99)
+    assert calls == []
+    reader.feed_data(b"y" * 100)
+    assert calls == [99]  # called before the chunk is queued
+    reader.feed_data(b"z" * 500)
+    assert calls == [99]
+    assert _drive(reader, reader.read_exact(699), []) == ("ok", b"x" * 99 + b"y" * 100 + b"z" * 500)
