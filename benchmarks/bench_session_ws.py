@@ -9,7 +9,8 @@ Goals (issue 4): p50 within 1.2x of raw, throughput at least 0.8x of raw.
 The machine is a shared VM whose speed drifts within seconds, so raw and session are measured
 side by side: round trips alternate in batches of 50 on two open connections, and throughput
 trials alternate raw/session in ABBA order, the ratio taken per pair (4 pairs of 1500 frames
-a round; raw vs raw + avp.decode is measured after them, in its own pairs).
+a round; raw vs raw + avp.decode and raw vs raw with the session's 1 MiB reads are measured after
+them, each in its own pairs).
 
     .venv/bin/python benchmarks/bench_session_ws.py [--rounds 3]
 """
@@ -95,6 +96,13 @@ async def _session_server(port_q: Any) -> None:
 def _serve(kind: str, port_q: Any) -> None:
     if kind == "session":
         asyncio.run(_session_server(port_q))
+    elif kind == "raw-bulk":
+        # websockets with the session's read size (1 MiB once reads fill up; here from the start):
+        # how much of the session's throughput is that transport setting rather than less work.
+        from asyncio import selector_events
+
+        selector_events._SelectorSocketTransport.max_size = 1024 * 1024  # type: ignore[attr-defined]
+        asyncio.run(_raw_server(port_q))
     else:
         asyncio.run(_raw_server(port_q, decode_avp=kind == "raw+avp"))
 
@@ -177,11 +185,19 @@ async def _abba(
 
 
 async def _tput_pairs(
-    raw_port: int, ses_port: int, rawavp_port: int, frame_raw: bytes, frame_avp: bytes, n: int, trials: int
-) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
+    raw_port: int,
+    ses_port: int,
+    rawavp_port: int,
+    bulk_port: int,
+    frame_raw: bytes,
+    frame_avp: bytes,
+    n: int,
+    trials: int,
+) -> tuple[list[tuple[float, float]], list[tuple[float, float]], list[tuple[float, float]]]:
     """One-way throughput in trials of ``n`` frames: (raw, session) pairs, then (raw, raw +
-    avp.decode) pairs. Each comparison alternates on its own: a third kind of trial in between
-    perturbed the pair (the raw+avp server page-faults ~12 times per 64 KiB frame)."""
+    avp.decode) and (raw, raw with 1 MiB reads) pairs. Each comparison alternates on its own: a
+    third kind of trial in between perturbed the pair (the raw+avp server page-faults ~12 times
+    per 64 KiB frame)."""
     from m2mwire.api import connect
     from m2mwire.schemas.identity import ModelIdentity
 
@@ -190,6 +206,7 @@ async def _tput_pairs(
         ws_connect(
             f"ws://127.0.0.1:{rawavp_port}", compression=None, max_size=BIG, ping_interval=None
         ) as wsa,
+        ws_connect(f"ws://127.0.0.1:{bulk_port}", compression=None, max_size=BIG, ping_interval=None) as wsb,
         connect(
             f"ws://127.0.0.1:{ses_port}",
             identity=ModelIdentity(**IDENTITY),
@@ -206,7 +223,10 @@ async def _tput_pairs(
         raw_rawavp = await _abba(
             lambda: _tput_raw(ws, frame_raw, n), lambda: _tput_raw(wsa, frame_avp, n), trials // 2
         )
-        return raw_session, raw_rawavp
+        raw_bulk = await _abba(
+            lambda: _tput_raw(ws, frame_raw, n), lambda: _tput_raw(wsb, frame_raw, n), trials // 2
+        )
+        return raw_session, raw_rawavp, raw_bulk
 
 
 async def _chat_session(port: int, payloads: list[str], n: int) -> float:
@@ -261,6 +281,7 @@ def main() -> None:
     raw_proc, raw_port = _start("raw")
     ses_proc, ses_port = _start("session")
     rawavp_proc, rawavp_port = _start("raw+avp")
+    bulk_proc, bulk_port = _start("raw-bulk")
     frame_raw = np.random.default_rng(1).bytes(64 * 1024)
     frame_avp = avp.encode(np.frombuffer(frame_raw[: 64 * 1024 - 256], dtype=np.float32).copy())
     chat = [p for _, p in sample_payloads() if p.startswith("{") and 700 <= len(p.encode()) <= 1400] or [
@@ -277,7 +298,9 @@ def main() -> None:
             for q, name in ((0.5, "p50"), (0.99, "p99")):
                 add(f"rtt{size}_raw_{name}", _pct(raw, q))
                 add(f"rtt{size}_ses_{name}", _pct(ses, q))
-        pairs, avp_pairs = await _tput_pairs(raw_port, ses_port, rawavp_port, frame_raw, frame_avp, 1500, 4)
+        pairs, avp_pairs, bulk_pairs = await _tput_pairs(
+            raw_port, ses_port, rawavp_port, bulk_port, frame_raw, frame_avp, 1500, 4
+        )
         for r, s_ in pairs:
             add("tput_raw", r)
             add("tput_ses", s_)
@@ -285,13 +308,16 @@ def main() -> None:
         for r, a in avp_pairs:
             add("tput_rawavp", a)
             add("tput_rawavp_ratio", a / r)
+        for r, b in bulk_pairs:
+            add("tput_bulk", b)
+            add("tput_bulk_ratio", b / r)
         add("chat_ses", await _chat_session(ses_port, chat, 3000))
 
     try:
         for _ in range(args.rounds):
             asyncio.run(round_())
     finally:
-        for proc in (raw_proc, ses_proc, rawavp_proc):
+        for proc in (raw_proc, ses_proc, rawavp_proc, bulk_proc):
             proc.kill()
     tok_enc, tok_encdec = _tokenize_only(chat, 3000)
 
@@ -313,6 +339,10 @@ def main() -> None:
     print(f"{'64 KiB binary one-way (MB/s)':34} {r:12.0f} {s:12.0f} {ratio:7.2f}x  >= 0.8x {verdict}")
     a, a_ratio = med["tput_rawavp"] / 1e6, med["tput_rawavp_ratio"]
     print(f"{'  raw websockets + avp.decode':34} {'':12} {a:12.0f} {a_ratio:7.2f}x  (websockets' reader)")
+    b, b_ratio = med["tput_bulk"] / 1e6, med["tput_bulk_ratio"]
+    print(
+        f"{'  raw websockets, 1 MiB reads':34} {'':12} {b:12.0f} {b_ratio:7.2f}x  (the session's read size)"
+    )
     c = med["chat_ses"]
     print(f"{'1 KB chat, TokenNative (msg/s)':34} {'':12} {c:12.0f}")
     print(
