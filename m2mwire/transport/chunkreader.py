@@ -32,24 +32,33 @@ _VIEW_FROM = 4096
 
 
 class ChunkReader(StreamReader):
-    """``on_large_chunk`` (if given) is called once, when a chunk of ``large_chunk`` bytes or more
-    is first fed: the transport's cue that the peer sends faster than it reads."""
+    """``on_bulk`` (if given) is called once, when both a chunk of at least ``bulk_chunk`` bytes
+    has been fed and a read of at least ``bulk_read`` bytes had to wait for data: the transport's
+    cue that the peer streams large messages faster than they are read."""
 
-    def __init__(self, *, large_chunk: int = 0, on_large_chunk: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, *, bulk_chunk: int = 0, bulk_read: int = 0, on_bulk: Callable[[], None] | None = None
+    ) -> None:
         super().__init__()
         self._chunks: deque[bytes | bytearray] = deque()
         self._pos = 0  # read position in _chunks[0]
         self._size = 0  # bytes fed and not yet read
-        self._large_chunk = large_chunk if on_large_chunk is not None else sys.maxsize
-        self._on_large_chunk = on_large_chunk
+        # Each threshold becomes maxsize once reached; on_bulk runs when both have been.
+        self._bulk_chunk = bulk_chunk if on_bulk is not None else sys.maxsize
+        self._bulk_read = bulk_read if on_bulk is not None else sys.maxsize
+        self._on_bulk = on_bulk
+
+    def _bulk_seen(self) -> None:
+        if self._bulk_chunk == self._bulk_read == sys.maxsize and self._on_bulk is not None:
+            on_bulk, self._on_bulk = self._on_bulk, None
+            on_bulk()
 
     def feed_data(self, data: bytes | bytearray) -> None:
         if self.eof:
             raise EOFError("stream ended")
-        if len(data) >= self._large_chunk:
-            self._large_chunk = sys.maxsize
-            assert self._on_large_chunk is not None
-            self._on_large_chunk()
+        if len(data) >= self._bulk_chunk:
+            self._bulk_chunk = sys.maxsize
+            self._bulk_seen()
         if data:
             # asyncio hands over bytes it no longer uses; anything mutable is copied once.
             self._chunks.append(data if type(data) is bytes else bytes(data))
@@ -72,6 +81,9 @@ class ChunkReader(StreamReader):
     ) -> Generator[None, None, bytes | bytearray | memoryview]:
         assert n >= 0
         while self._size < n:
+            if n >= self._bulk_read:  # checked only when waiting: off the per-frame path
+                self._bulk_read = sys.maxsize
+                self._bulk_seen()
             if self.eof:
                 raise EOFError(f"stream ends after {self._size} bytes, expected {n} bytes")
             yield

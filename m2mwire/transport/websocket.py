@@ -34,10 +34,13 @@ __all__ = ["WebSocketChannel", "connect_websocket", "serve_websocket"]
 
 _WRITE_LIMIT = 32 * 1024
 # asyncio's selector transport reads up to 256 KiB per turn of the loop. A read that fills it means
-# the peer sends faster than we read; from then on the connection reads 1 MiB at a time: a quarter
-# of the reads and loop turns, and fewer frames split between chunks (+20-30% server throughput
-# on 64 KiB frames). Connections that never fill a read (request/response traffic) keep 256 KiB.
-_BULK_READ_FROM = 256 * 1024
+# the peer sends faster than we read; if it also sends large messages (a frame of 16 KiB or more),
+# the connection reads 1 MiB at a time from then on: a quarter of the reads and loop turns, and
+# fewer frames split between chunks (+20-30% server throughput on 64 KiB frames). Request/response
+# traffic never fills a read, and a flood of small messages keeps 256 KiB: one read's worth of
+# them is what the loop handles in one go, and what the inbox can overshoot its bound by.
+_FULL_READ = 256 * 1024
+_LARGE_FRAME = 16 * 1024
 _BULK_READ = 1024 * 1024
 # Binary messages handed over in parts are joined below this size (a copy is cheaper than a frame,
 # a mask and a syscall per part); larger ones go out as fragments of one message.
@@ -70,14 +73,16 @@ class _PushMixin:
         # Swap in the copy-saving reader before any byte arrives; the parser websockets primed
         # holds the old reader's methods, so it is restarted on the new one.
         protocol = self.protocol
-        protocol.reader = ChunkReader(large_chunk=_BULK_READ_FROM, on_large_chunk=self._m2m_read_in_bulk)
+        protocol.reader = ChunkReader(
+            bulk_chunk=_FULL_READ, bulk_read=_LARGE_FRAME, on_bulk=self._m2m_read_in_bulk
+        )
         protocol.parser = protocol.parse()
         next(protocol.parser)
 
     def _m2m_read_in_bulk(self) -> None:
         # max_size is the selector transport's read size (an instance attribute overrides the
         # class's); other transports (TLS, uvloop) read their own way and are left alone.
-        if getattr(self.transport, "max_size", None) == _BULK_READ_FROM:
+        if getattr(self.transport, "max_size", None) == _FULL_READ:
             self.transport.max_size = _BULK_READ
 
     def process_event(self, event: Event) -> None:

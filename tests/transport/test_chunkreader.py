@@ -6,6 +6,7 @@ import itertools
 from collections.abc import Callable, Generator
 from typing import Any
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from websockets.streams import StreamReader
@@ -120,13 +121,24 @@ def test_payload_sized_reads_are_views_of_the_chunk_with_the_right_bytes() -> No
     assert _drive(reader, reader.at_eof(), []) == ("ok", True)
 
 
-def test_large_chunk_hook_fires_once_at_the_first_large_chunk() -> None:
+@pytest.mark.parametrize("chunk_first", [True, False])
+def test_bulk_hook_fires_once_after_a_large_chunk_and_a_large_read_that_waits(chunk_first: bool) -> None:
     calls: list[int] = []
-    reader = ChunkReader(large_chunk=100, on_large_chunk=lambda: calls.append(reader._size))
-    reader.feed_data(b"x" * 99)
+    reader = ChunkReader(bulk_chunk=100, bulk_read=50, on_bulk=lambda: calls.append(1))
+    reader.feed_data(b"x" * 99)  # neither threshold
+    assert _drive(reader, reader.read_exact(49), []) == ("ok", b"x" * 49)
+    assert _drive(reader, reader.read_exact(50), []) == ("ok", b"x" * 50)  # large, but no wait
     assert calls == []
-    reader.feed_data(b"y" * 100)
-    assert calls == [99]  # called before the chunk is queued
-    reader.feed_data(b"z" * 500)
-    assert calls == [99]
-    assert _drive(reader, reader.read_exact(699), []) == ("ok", b"x" * 99 + b"y" * 100 + b"z" * 500)
+    if chunk_first:
+        reader.feed_data(b"y" * 100)
+        assert calls == []
+        assert _drive(reader, reader.read_exact(150), [b"z" * 50]) == ("ok", b"y" * 100 + b"z" * 50)
+    else:
+        assert _drive(reader, reader.read_exact(60), [b"w" * 60]) == ("ok", b"w" * 60)
+        assert calls == []
+        reader.feed_data(b"y" * 150)
+        assert _drive(reader, reader.read_exact(150), []) == ("ok", b"y" * 150)
+    assert calls == [1]
+    reader.feed_data(b"q" * 500)  # past both thresholds again: no second call
+    assert _drive(reader, reader.read_exact(600), [b"r" * 100]) == ("ok", b"q" * 500 + b"r" * 100)
+    assert calls == [1]

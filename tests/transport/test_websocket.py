@@ -326,3 +326,35 @@ async def test_back_to_back_frames_of_every_size_arrive_intact_through_the_chunk
     expected = [hashlib.sha256(m.encode() if isinstance(m, str) else m).hexdigest() for m in messages]
     assert got == expected
     assert [t.max_size for t in server_transports] == [_BULK_READ]
+
+
+async def test_a_flood_of_small_messages_keeps_the_default_read_size() -> None:
+    """Full reads alone do not switch to 1 MiB reads: without a large message, a read's worth of
+    small ones (what the loop handles in one go, and the inbox may overshoot by) stays 256 KiB."""
+    import sys
+
+    from m2mwire.transport.websocket import WebSocketChannel, connect_websocket, serve_websocket
+
+    messages = [bytes([i % 251]) * 1000 for i in range(2000)]
+    done: asyncio.Future[tuple[int, int, int]] = asyncio.get_running_loop().create_future()
+
+    async def handler(channel: WebSocketChannel) -> None:
+        await asyncio.sleep(0.3)  # let the frames pile up in the socket
+        count = 0
+        for m in messages:
+            count += await asyncio.wait_for(channel.recv(), 10) == m
+        reader = channel._ws.protocol.reader
+        done.set_result((count, reader._bulk_chunk, channel._ws.transport.max_size))
+        await channel.close()
+
+    server = await serve_websocket(handler, "127.0.0.1", 0, max_message_size=1 << 20)
+    async with server:
+        port = server.sockets[0].getsockname()[1]
+        channel = await connect_websocket(f"ws://127.0.0.1:{port}", max_message_size=1 << 20)
+        for m in messages:
+            await channel.send(m)
+        count, bulk_chunk, max_size = await asyncio.wait_for(done, 20)
+        await channel.close()
+    assert count == len(messages)
+    assert bulk_chunk == sys.maxsize  # a read did come back full ...
+    assert max_size == 256 * 1024  # ... and the read size stayed asyncio's
