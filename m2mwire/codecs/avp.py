@@ -1086,7 +1086,7 @@ def _decode_known(mv: memoryview) -> AVPMessage | bytes | None:
     if t is None or t.frame_length != size:
         return key
     payload = mv[meta_end:]
-    actual = _deflate_crc32(payload) if len(payload) >= _ZLIB_CRC_BELOW else _zlib_crc32(payload)
+    actual = crc32(payload) if len(payload) < _ZLIB_CRC_BELOW else _deflate_crc32(payload)
     if actual != value:
         raise _checksum_mismatch(value, actual)
     return AVPMessage(mv, t.header, payload, t.pb, t.payload_type, t.dtype, t.tensor_shape, value)
