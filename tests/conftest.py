@@ -8,10 +8,13 @@ from typing import Any
 
 import pytest
 
-REFERENCE_DIR = Path(__file__).resolve().parents[2] / "shared" / "reference"
+# Copied from the steering repository's shared/reference (see tests/data/README.md): tests never read
+# ../shared, which CI machines and fresh clones may not have.
+DATA_DIR = Path(__file__).resolve().parent / "data"
+REFERENCE_VECTORS = DATA_DIR / "m2m-reference-vectors.json"
 
 
 @pytest.fixture(scope="session")
 def m2m_vectors() -> dict[str, Any]:
-    data: dict[str, Any] = json.loads((REFERENCE_DIR / "m2m-reference-vectors.json").read_text())
+    data: dict[str, Any] = json.loads(REFERENCE_VECTORS.read_text())
     return data

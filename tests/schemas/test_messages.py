@@ -28,10 +28,9 @@ from m2mwire.schemas.messages import (
     encode_message,
     json_schema,
 )
+from tests.conftest import REFERENCE_VECTORS
 
-VECTORS: dict[str, Any] = json.loads(
-    (Path(__file__).resolve().parents[3] / "shared" / "reference" / "m2m-reference-vectors.json").read_text()
-)
+VECTORS: dict[str, Any] = json.loads(REFERENCE_VECTORS.read_text())
 
 RAW_KEYS = [
     "msg_hello_raw",
