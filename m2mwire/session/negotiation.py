@@ -94,6 +94,28 @@ def _pick_encoding(
     return CANONICAL_ENCODING
 
 
+def _client_encoding(
+    theirs: Sequence[Encoding], preferred: Encoding | None, ours: Sequence[Encoding]
+) -> Encoding:
+    """The tokenizer a client uses after ACCEPT.
+
+    An ACCEPT naming exactly one encoding carries the server's decision (ours always does), and the
+    client follows it even when it did not offer it: that is the canonical cl100k fallback of a
+    server that has none of the client's tokenizers, and that server may be unable to read any
+    other. An ACCEPT listing several is a server's full capabilities (the reference answers so); the
+    client then applies the reference's own rule from its side: its preferred encoding if the server
+    lists it, else its first one the server lists, else the canonical fallback.
+    """
+    if len(theirs) == 1:
+        return theirs[0]
+    if preferred is not None and preferred in theirs:
+        return preferred
+    for enc in ours:
+        if enc in theirs:
+            return enc
+    return CANONICAL_ENCODING
+
+
 def _min_payload(a: int, b: int) -> int:
     if a <= 0:
         return max(b, 0)
@@ -187,11 +209,7 @@ def negotiate_client(
     common = tuple(a for a in algorithms if a in theirs)
     if not common:
         return Refusal("NO_COMMON_ALGORITHM", "ACCEPT lists no algorithm this client offered")
-    their_encodings = parse_encodings(accept.compression.encodings)
-    if len(their_encodings) == 1 and their_encodings[0] in encodings:
-        encoding = their_encodings[0]
-    else:
-        encoding = _pick_encoding(preferred_encoding, their_encodings, encodings)
+    encoding = _client_encoding(parse_encodings(accept.compression.encodings), preferred_encoding, encodings)
     latent = accept.avp if isinstance(accept.avp, LatentCaps) else None
     mode: Literal["LATENT", "JSON"] = "JSON"
     if latent is not None and latent.mode is not None:

@@ -253,3 +253,35 @@ def test_absent_preferred_encoding_means_no_preference() -> None:
     assert isinstance(caps, Capabilities)
     result = server(caps, (A.TOKENNATIVE,), (E.CL100K, E.O200K))
     assert result.encoding is E.O200K
+
+
+@pytest.mark.parametrize(
+    ("accept_encs", "accept_pref", "client_encs", "client_pref", "expected"),
+    [
+        # Issue 12.3: the documented fallback, announced as the single negotiated encoding, is used
+        # although the client offered only Llama 3 (it used to keep llama3 and send #TK|L|).
+        (["Cl100kBase"], "Cl100kBase", (E.LLAMA3,), E.LLAMA3, E.CL100K),
+        (["O200kBase"], "O200kBase", (E.LLAMA3, E.CL100K), E.LLAMA3, E.O200K),
+        # Full capabilities (the reference's ACCEPT): the reference's rule, from the client's side.
+        (["Cl100kBase", "O200kBase"], "Cl100kBase", (E.LLAMA3,), E.LLAMA3, E.CL100K),
+        (["Cl100kBase", "O200kBase"], "Cl100kBase", (E.LLAMA3, E.O200K), E.LLAMA3, E.O200K),
+        (["Cl100kBase", "O200kBase"], "Cl100kBase", (E.O200K, E.CL100K), E.CL100K, E.CL100K),
+        ([], "Cl100kBase", (E.O200K,), E.O200K, E.CL100K),
+    ],
+)
+def test_client_uses_the_encoding_accept_names(
+    accept_encs: list[str],
+    accept_pref: str,
+    client_encs: tuple[Encoding, ...],
+    client_pref: Encoding,
+    expected: Encoding,
+) -> None:
+    client = negotiate_client(
+        hello(["tokennative"], accept_encs, accept_pref),
+        algorithms=(A.TOKENNATIVE,),
+        encodings=client_encs,
+        preferred_encoding=client_pref,
+        max_payload=0,
+    )
+    assert isinstance(client, Negotiated)
+    assert client.encoding is expected
