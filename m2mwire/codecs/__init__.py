@@ -1,4 +1,5 @@
-"""M2M wire codecs: TokenNative (``#TK|``), T1 (``#T1|``), Brotli, Dictionary, None, and zlib (decode only).
+"""M2M wire codecs: TokenNative (``#TK|``), T1 (``#T1|``), Brotli, Dictionary, M2M v1 frames (``#M2M|1|``),
+None, and zlib (decode only).
 
     >>> from m2mwire.codecs import compress, decompress
     >>> wire = compress('{"model":"gpt-4o","messages":[{"role":"user","content":"Hello"}]}', "tokennative")
@@ -35,6 +36,8 @@ _LAZY = {
     "Decoded": "m2mwire.codecs.wire",
     "compress_binary": "m2mwire.codecs.tokennative",
     "decompress_binary": "m2mwire.codecs.tokennative",
+    "encode_m2m_binary": "m2mwire.codecs.m2mframe",
+    "decode_m2m_binary": "m2mwire.codecs.m2mframe",
     "Limits": "m2mwire.codecs.limits",
     "DEFAULT_LIMITS": "m2mwire.codecs.limits",
 }
@@ -44,6 +47,8 @@ __all__ = sorted(_LAZY)
 if TYPE_CHECKING:
     from m2mwire.codecs.limits import DEFAULT_LIMITS as DEFAULT_LIMITS
     from m2mwire.codecs.limits import Limits as Limits
+    from m2mwire.codecs.m2mframe import decode_m2m_binary as decode_m2m_binary
+    from m2mwire.codecs.m2mframe import encode_m2m_binary as encode_m2m_binary
     from m2mwire.codecs.select import EMITTABLE_ALGORITHMS as EMITTABLE_ALGORITHMS
     from m2mwire.codecs.select import Algorithm as Algorithm
     from m2mwire.codecs.select import resolve_algorithm as resolve_algorithm

@@ -40,6 +40,7 @@ class Algorithm(StrEnum):
     DICTIONARY = "dictionary"
     NONE = "none"
     ZLIB = "zlib"  # deprecated M2M v2.0: decoded, never emitted
+    M2M = "m2m"  # the reference 0.4's M2M v1 frame (#M2M|1|): JSON only
 
 
 EMITTABLE_ALGORITHMS: tuple[Algorithm, ...] = (
@@ -48,6 +49,7 @@ EMITTABLE_ALGORITHMS: tuple[Algorithm, ...] = (
     Algorithm.BROTLI,
     Algorithm.DICTIONARY,
     Algorithm.NONE,
+    Algorithm.M2M,
 )
 
 _ALGORITHM_ALIASES = {alg.value: alg for alg in Algorithm} | {"token_native": Algorithm.TOKENNATIVE}
@@ -63,7 +65,7 @@ def resolve_algorithm(name: str | Algorithm) -> Algorithm:
             return found
     raise EncodeError(
         f"unknown compression algorithm {name!r}; accepted (any case): tokennative / token_native, token, "
-        "brotli, dictionary, none, zlib (decode only)"
+        "brotli, dictionary, m2m, none, zlib (decode only)"
     )
 
 
@@ -145,7 +147,7 @@ def select_algorithm(
     ``optimize="bytes"`` minimises wire bytes using byte-exact codecs (TokenNative, Brotli, None);
     ``"tokens"`` minimises the wire's LLM token count, where T1 (JSON-equivalent, not byte-identical)
     is preferred for chat-API JSON and Brotli for large, highly repetitive content. Content that is not
-    JSON never gets T1; prefix-like content never gets NONE. Nothing is tokenized; at most one zlib
+    JSON never gets T1 or m2m; prefix-like content never gets NONE. Nothing is tokenized; at most one zlib
     level-1 pass is made (``optimize="tokens"``, content of 1 KB or more). Raises :class:`EncodeError`
     when no allowed algorithm can carry the content.
     """
@@ -161,7 +163,7 @@ def select_algorithm(
     for alg in order:
         if alg not in candidates:
             continue
-        if alg is Algorithm.TOKEN:
+        if alg is Algorithm.TOKEN or alg is Algorithm.M2M:
             if json_ok is None:
                 json_ok = _is_json(content)
             if not json_ok:
@@ -170,15 +172,18 @@ def select_algorithm(
     detail = " (it starts like an M2M prefix, so NONE cannot carry it)" if prefix_like else ""
     if Algorithm.TOKEN in candidates:
         detail += " (T1 needs JSON content)"
+    if Algorithm.M2M in candidates:
+        detail += " (m2m needs JSON content)"
     raise EncodeError(f"none of the allowed algorithms can carry this content{detail}")
 
 
-_TK, _T1, _BR, _DI, _NONE = (
+_TK, _T1, _BR, _DI, _NONE, _M2M = (
     Algorithm.TOKENNATIVE,
     Algorithm.TOKEN,
     Algorithm.BROTLI,
     Algorithm.DICTIONARY,
     Algorithm.NONE,
+    Algorithm.M2M,
 )
 
 
@@ -191,14 +196,16 @@ def _sizes(content: str) -> tuple[int, int]:
 def _bytes_order(content: str) -> list[Algorithm]:
     size, chars = _sizes(content)
     # T1 last: it is not byte-exact, so it is only a fallback here. Dictionary's base64 wire was larger
-    # than the content for every corpus payload over 100 bytes, so it comes after NONE.
+    # than the content for every corpus payload over 100 bytes, so it comes after NONE. M2M v1 frames
+    # (byte-exact, JSON only) are Brotli q5 plus a header of 27 bytes or more, base64'd: never smaller
+    # than Brotli, so they serve peers that negotiated nothing better (the reference 0.4's default).
     if size < NONE_BELOW:
-        return [_NONE, _TK, _BR, _DI, _T1]
+        return [_NONE, _TK, _BR, _DI, _M2M, _T1]
     if (size - chars) >= NON_ASCII_SHARE * size:
-        return [_BR, _NONE, _TK, _DI, _T1]
+        return [_BR, _NONE, _TK, _DI, _M2M, _T1]
     if size >= BROTLI_FROM:
-        return [_BR, _TK, _NONE, _DI, _T1]
-    return [_TK, _BR, _NONE, _DI, _T1]
+        return [_BR, _TK, _NONE, _DI, _M2M, _T1]
+    return [_TK, _BR, _NONE, _DI, _M2M, _T1]
 
 
 def _estimated_tokens(content: str, size: int, chars: int) -> float:
@@ -216,7 +223,7 @@ def _tokens_order(content: str) -> list[Algorithm]:
         if _BROTLI_TOKENS_PER_ZLIB1_BYTE * zlib1 < _BROTLI_TOKEN_MARGIN * _estimated_tokens(
             content, size, chars
         ):
-            return [_BR, _NONE, _T1, _TK, _DI]
+            return [_BR, _NONE, _T1, _TK, _DI, _M2M]
     first = [_T1] if is_llm_api_payload(content) else []
     rest = [_TK, _BR] if size < BROTLI_FROM else [_BR, _TK]
-    return [*first, _NONE, _T1, *rest, _DI]
+    return [*first, _NONE, _T1, *rest, _DI, _M2M]

@@ -3,7 +3,7 @@
 Decoder dispatch, first match wins:
 
 =====================  ==========================================================
-``#M2M|1|``            reference 0.4 "M2M v1" binary frame: not supported, DecodeError
+``#M2M|1|``            M2M v1 frame (the reference 0.4's default ``m2m``), text form
 ``#TK|``               TokenNative
 ``#T1|``               Token (T1)
 ``#M2M[v3.0]|``        Brotli (must continue with ``DATA:``)
@@ -37,6 +37,7 @@ from m2mwire.codecs.dictionary import (
     encode_dictionary,
 )
 from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits, check_size
+from m2mwire.codecs.m2mframe import M2M_PREFIX, decode_m2m, encode_m2m
 from m2mwire.codecs.select import (
     EMITTABLE_ALGORITHMS,
     Algorithm,
@@ -53,7 +54,8 @@ from m2mwire.errors import DecodeError, EncodeError, LimitExceeded
 __all__ = ["T1_PREFIX", "Decoded", "compress", "decode_wire", "decompress", "detect_algorithm", "encode_with"]
 
 T1_PREFIX = "#T1|"
-M2M_V1_PREFIX = "#M2M|1|"
+# Algorithms that parse the content as JSON: both refuse (EncodeError/LimitExceeded) what T1 refuses.
+_JSON_ONLY = frozenset({Algorithm.TOKEN, Algorithm.M2M})
 _UNKNOWN_TAG = re.compile(r"#[A-Z0-9]{2,3}\|")
 
 
@@ -75,15 +77,11 @@ def _utf8_size(text: str) -> int:
 def detect_algorithm(wire: str) -> Algorithm:
     """The algorithm named by ``wire``'s prefix (NONE when it has none).
 
-    Raises :class:`DecodeError` for an M2M v1 frame (``#M2M|1|``), an unknown ``#M2M...`` form, or an
-    unknown ``#XX|`` tag.
+    Raises :class:`DecodeError` for an unknown ``#M2M...`` form or an unknown ``#XX|`` tag.
     """
     if wire.startswith("#"):
-        if wire.startswith(M2M_V1_PREFIX):
-            raise DecodeError(
-                "this is an M2M v1 binary frame ('#M2M|1|', the Rust reference 0.4 default), which m2mwire "
-                "does not implement; ask the peer to send tokennative, brotli or none"
-            )
+        if wire.startswith(M2M_PREFIX):  # before #M2M| (Dictionary), which it also starts with
+            return Algorithm.M2M
         if wire.startswith(TK_PREFIX):
             return Algorithm.TOKENNATIVE
         if wire.startswith(T1_PREFIX):
@@ -96,14 +94,14 @@ def detect_algorithm(wire: str) -> Algorithm:
             return Algorithm.DICTIONARY
         if wire.startswith("#M2M"):
             raise DecodeError(
-                f"unknown M2M prefix {wire[:16]!r}: expected '#M2M[v3.0]|DATA:' (Brotli), '#M2M[v2.0]|DATA:' "
-                "(zlib) or '#M2M|' (Dictionary)"
+                f"unknown M2M prefix {wire[:16]!r}: expected '#M2M|1|' (M2M v1), '#M2M[v3.0]|DATA:' "
+                "(Brotli), '#M2M[v2.0]|DATA:' (zlib) or '#M2M|' (Dictionary)"
             )
         match = _UNKNOWN_TAG.match(wire)
         if match:
             raise DecodeError(
-                f"unknown M2M prefix {match.group()!r}: m2mwire reads #TK|, #T1|, #M2M[v3.0]|DATA:, #BR|, "
-                "#M2M|, #DI| and #M2M[v2.0]|DATA:"
+                f"unknown M2M prefix {match.group()!r}: m2mwire reads #M2M|1|, #TK|, #T1|, #M2M[v3.0]|DATA:, "
+                "#BR|, #M2M|, #DI| and #M2M[v2.0]|DATA:"
             )
     return Algorithm.NONE
 
@@ -135,6 +133,8 @@ def decode_wire(wire: str, *, limits: Limits = DEFAULT_LIMITS) -> Decoded:
         return Decoded(decode_zlib(wire, limits=limits), algorithm)
     if algorithm is Algorithm.DICTIONARY:
         return Decoded(decode_dictionary(wire, limits=limits), algorithm)
+    if algorithm is Algorithm.M2M:
+        return Decoded(decode_m2m(wire, limits=limits), algorithm)
     check_size("content", _utf8_size(wire), limits.max_output_bytes)
     return Decoded(wire, Algorithm.NONE)
 
@@ -158,7 +158,8 @@ def compress(
 
     ``algorithm=None`` selects automatically among ``allowed`` (default: every emittable algorithm), see
     :func:`select_algorithm`. ``encoding`` is the TokenNative tokenizer. Raises :class:`EncodeError` for
-    an unusable algorithm (ZLIB is never emitted; NONE cannot carry prefix-like content; T1 needs JSON),
+    an unusable algorithm (ZLIB is never emitted; NONE cannot carry prefix-like content; T1 and m2m
+    need JSON),
     :class:`LimitExceeded` for content over ``limits.max_output_bytes`` or a wire over
     ``limits.max_message_bytes``.
     """
@@ -174,14 +175,13 @@ def compress(
             raise EncodeError("zlib (M2M v2.0) is deprecated and never emitted; use brotli")
         if allowed is not None and alg not in {resolve_algorithm(a) for a in allowed}:
             raise EncodeError(f"algorithm {alg.value!r} is not among the allowed ones")
-    if algorithm is None and alg is Algorithm.TOKEN:
+    if algorithm is None and alg in _JSON_ONLY:
         try:
             return encode_with(content, alg, enc, t1_dialect=t1_dialect, limits=limits)
         except (EncodeError, LimitExceeded):
-            # e.g. JSON nested deeper than limits.max_json_depth: T1 parses it, the others do not need to.
-            others = [
-                a for a in (allowed or EMITTABLE_ALGORITHMS) if resolve_algorithm(a) is not Algorithm.TOKEN
-            ]
+            # e.g. JSON nested deeper than limits.max_json_depth: T1 and m2m parse it, the others do
+            # not need to.
+            others = [a for a in (allowed or EMITTABLE_ALGORITHMS) if resolve_algorithm(a) not in _JSON_ONLY]
             if not others:
                 raise
             alg = select_algorithm(content, allowed=others, optimize=optimize, encoding=enc)
@@ -226,4 +226,6 @@ def encode_with(
         from m2mwire.codecs.t1 import encode_t1  # T1 is another module's; imported on first use
 
         return encode_t1(content, dialect=t1_dialect, limits=limits)
+    if algorithm is Algorithm.M2M:
+        return encode_m2m(content, limits=limits)
     raise EncodeError("zlib (M2M v2.0) is deprecated and never emitted; use brotli")

@@ -14,12 +14,15 @@ from m2mwire.schemas.identity import ModelIdentity
 
 __all__ = ["DEFAULT_ALGORITHMS", "SessionConfig", "Timers", "make_config"]
 
-# Preference order when the caller says nothing: token-efficient first, passthrough last.
+# Preference order when the caller says nothing: token-efficient first, passthrough last. m2m (the
+# reference 0.4's M2M v1 frames) is offered so a peer that speaks only that gets a session; automatic
+# selection never prefers it to another negotiated algorithm.
 DEFAULT_ALGORITHMS: tuple[Algorithm, ...] = (
     Algorithm.TOKENNATIVE,
     Algorithm.TOKEN,
     Algorithm.BROTLI,
     Algorithm.DICTIONARY,
+    Algorithm.M2M,
     Algorithm.NONE,
 )
 

@@ -29,8 +29,10 @@ from m2mwire.codecs import (
     Encoding,
     compress_binary,
     count_tokens,
+    decode_m2m_binary,
     decode_wire,
     decompress_binary,
+    encode_m2m_binary,
     select_algorithm,
 )
 from m2mwire.codecs.avp import AVPMessage
@@ -314,8 +316,8 @@ class SessionProtocol:
         return handler(self, msg.session_id, msg.payload, now)
 
     def receive_binary(self, data: bytes | bytearray | memoryview, now: float) -> Message | None:
-        """Feed one binary message (TokenNative binary or an AVP frame); returns the DATA message
-        it carried, if any, as :meth:`receive_text` does."""
+        """Feed one binary message (TokenNative binary, an M2M v1 frame or an AVP frame); returns
+        the DATA message it carried, if any, as :meth:`receive_text` does."""
         state = self.state
         if state is _CLOSED:
             return None
@@ -348,6 +350,16 @@ class SessionProtocol:
                     original_bytes=len(frame.payload),
                     avp=frame,
                 )
+            elif first == 0x23:  # "#": an M2M v1 frame in binary form (#M2M|1|...)
+                text = decode_m2m_binary(view, limits=self.config.limits)
+                message = Message(
+                    kind="text",
+                    algorithm="m2m",
+                    binary=True,
+                    wire_bytes=size,
+                    original_bytes=_utf8_len(text),
+                    text=text,
+                )
             elif first in _TOKENNATIVE_BINARY_IDS:
                 text = decompress_binary(view, limits=self.config.limits)
                 message = Message(
@@ -361,7 +373,7 @@ class SessionProtocol:
             else:
                 self._protocol_violation(
                     f"binary frame starts with byte 0x{first:02x}: "
-                    "expected 0x00-0x02 (TokenNative) or 'A' (AVP)",
+                    "expected 0x00-0x02 (TokenNative), '#' (M2M v1) or 'A' (AVP)",
                     "MALFORMED_MESSAGE",
                 )
                 return None
@@ -393,15 +405,20 @@ class SessionProtocol:
         if original > self._payload_limit:
             self._check_payload_size(original, "message content")
         if binary:
-            if Algorithm.TOKENNATIVE not in info.algorithms:
+            # TokenNative binary, or with algorithm=m2m an M2M v1 frame in binary form
+            kind = Algorithm.M2M if algorithm is Algorithm.M2M else Algorithm.TOKENNATIVE
+            if kind not in info.algorithms:
                 raise EncodeError(
-                    "binary=True sends TokenNative binary frames, but tokennative was not negotiated "
+                    f"binary=True sends {kind.value} binary frames, but {kind.value} was not negotiated "
                     f"(negotiated: {', '.join(a.value for a in info.algorithms)})"
                 )
-            frame = compress_binary(text, encoding=info.encoding)
-            self._check_payload_size(len(frame), "TokenNative binary frame")
+            if kind is Algorithm.M2M:
+                frame = encode_m2m_binary(text, limits=self.config.limits)
+            else:
+                frame = compress_binary(text, encoding=info.encoding)
+            self._check_payload_size(len(frame), f"{kind.value} binary frame")
             self._queue_output(SendMessage((frame,)))
-            sent = SentInfo(Algorithm.TOKENNATIVE.value, True, original, len(frame))
+            sent = SentInfo(kind.value, True, original, len(frame))
         else:
             if algorithm is None:
                 algorithm = select_algorithm(

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+from websockets.asyncio.client import connect as ws_connect
 from websockets.asyncio.server import ServerConnection
 from websockets.asyncio.server import serve as ws_serve
 
 from m2mwire.api import Session, connect, serve
-from m2mwire.codecs import Encoding, decode_wire
+from m2mwire.codecs import Algorithm, Encoding, decode_wire
 
 TIMEOUT = 10.0
 
@@ -112,3 +113,52 @@ async def test_client_follows_a_server_that_lacks_its_encoding() -> None:
                     break
                 await asyncio.sleep(0.05)
     assert seen == [(Encoding.CL100K, TEXT)]
+
+
+async def test_reference_peer_negotiating_only_m2m_interoperates(m2m_vectors: dict[str, Any]) -> None:
+    """Issue 12.6: the reference's ACCEPT offering only m2m; its frames (text and binary) are read and
+    what the client sends is the reference's own frame, byte for byte."""
+    vectors = m2m_vectors["m2m_frames"]
+    accept = reference_accept(m2m_vectors, algorithms=["m2m"])
+
+    async def send_reference_frames(ws: ServerConnection) -> None:
+        for vector in vectors:
+            payload = {"algorithm": "m2m", "content": vector["wire_string"]}
+            data = {"type": "DATA", "session_id": accept["session_id"], "payload": payload, "timestamp": 1}
+            await ws.send(json.dumps(data, separators=(",", ":")))
+        await ws.send(bytes.fromhex(vectors[0]["binary_hex"]))
+
+    async with reference_peer(accept, send_reference_frames) as peer:
+        async with connect(peer.url) as client:  # default options: m2m is among them
+            assert client.info.algorithms == (Algorithm.M2M,)
+            got = [await asyncio.wait_for(client.recv(), TIMEOUT) for _ in range(len(vectors) + 1)]
+            assert [m.text for m in got] == [v["input"] for v in vectors] + [vectors[0]["input"]]
+            assert {m.algorithm for m in got} == {"m2m"} and got[-1].binary
+            for vector in vectors:
+                await client.send(vector["input"])
+        await asyncio.wait_for(peer.done.wait(), TIMEOUT)
+    assert peer.received == [v["wire_string"] for v in vectors]
+
+
+async def test_server_answers_a_reference_client_offering_only_m2m(m2m_vectors: dict[str, Any]) -> None:
+    vectors = m2m_vectors["m2m_frames"]
+
+    async def echo(session: Session) -> None:
+        async for message in session:
+            await session.send(message.text or "")
+
+    hello = json.loads(m2m_vectors["msg_hello_raw"])
+    hello["payload"]["compression"]["algorithms"] = ["m2m"]
+    async with serve(echo, "ws://127.0.0.1:0") as server:
+        async with ws_connect(server.url, compression=None) as ws:
+            await ws.send(json.dumps(hello))
+            accept = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))
+            assert accept["type"] == "ACCEPT"
+            assert accept["payload"]["compression"]["algorithms"] == ["m2m"]
+            for vector in vectors:
+                data = {"algorithm": "m2m", "content": vector["wire_string"]}
+                envelope = {"type": "DATA", "session_id": accept["session_id"], "payload": data}
+                await ws.send(json.dumps({**envelope, "timestamp": 1}))
+                reply = json.loads(await asyncio.wait_for(ws.recv(), TIMEOUT))
+                assert reply["payload"]["algorithm"] == "m2m"
+                assert reply["payload"]["content"] == vector["wire_string"]

@@ -157,6 +157,33 @@ def test_tokennative_binary_frames() -> None:
     assert (msg.kind, msg.text, msg.binary) == ("text", "binary hello", True)
 
 
+def test_m2m_only_session_sends_and_reads_m2m_v1_frames(m2m_vectors: dict[str, Any]) -> None:
+    # A peer that negotiates only m2m (the reference 0.4's default) gets #M2M|1| frames, text and binary.
+    c, s = pair(cfg(algorithms=(Algorithm.M2M,)))
+    assert c.info is not None and c.info.algorithms == (Algorithm.M2M,)
+    drain(c), drain(s)
+    vector = m2m_vectors["m2m_frames"][0]
+    sent = c.send(vector["input"], 1.0)
+    (data,) = texts(c)
+    assert sent.algorithm == data["payload"]["algorithm"] == "m2m"
+    assert data["payload"]["content"] == vector["wire_string"]  # the reference's own bytes
+    frame = bytes.fromhex(vector["binary_hex"])
+    sent = c.send(vector["input"], 1.0, algorithm=Algorithm.M2M, binary=True)
+    assert (sent.algorithm, sent.binary, sent.wire_bytes) == ("m2m", True, len(frame))
+    (out,) = c.data_to_send()
+    assert isinstance(out, SendMessage) and b"".join(bytes(b) for b in out.message) == frame
+    envelope = data_message(s.session_id, True, algorithm="m2m", content=vector["wire_string"])
+    msg = s.receive_text(envelope, 1.0)
+    assert msg is not None and (msg.text, msg.algorithm, msg.binary) == (vector["input"], "m2m", False)
+    msg = s.receive_binary(frame, 1.0)
+    assert msg is not None and (msg.text, msg.algorithm, msg.binary) == (vector["input"], "m2m", True)
+    assert msg.json() == json.loads(vector["input"])
+    with pytest.raises(EncodeError, match="m2m needs JSON content"):
+        c.send("not JSON", 1.0)
+    with pytest.raises(EncodeError, match="binary=True sends tokennative binary frames"):
+        c.send("x", 1.0, binary=True)
+
+
 def test_avp_frame_in_latent_mode() -> None:
     c, s = pair(cfg(identity=IDENT), cfg(identity=IDENT))
     drain(s)
@@ -398,6 +425,8 @@ def test_binary_before_accept() -> None:
         (b"AVgarbage-frame", "INVALID_DATA"),
         (memoryview(b"AVgarbage-frame"), "INVALID_DATA"),
         (bytearray(b"AV"), "INVALID_DATA"),
+        (b"#M2M|1|\x00", "INVALID_DATA"),
+        (b"#TK|C|", "INVALID_DATA"),
     ],
 )
 def test_bad_binary_frames(frame: bytes, code: str) -> None:
