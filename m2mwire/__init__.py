@@ -20,6 +20,7 @@ from m2mwire.errors import (
     M2MError,
     ModeError,
     ProtocolError,
+    Reject,
     SessionClosed,
     SessionRejected,
     SessionTimeout,
@@ -36,6 +37,7 @@ _LAZY = {
     "Server": "m2mwire.api",
     "open_quic_connection": "m2mwire.api",
     "Message": "m2mwire.session.core",
+    "Hello": "m2mwire.admission",
     "SessionInfo": "m2mwire.session.core",
     "Timers": "m2mwire.session.config",
     "ModelIdentity": "m2mwire.schemas.identity",
@@ -53,6 +55,7 @@ __all__ = [
     "M2MError",
     "ModeError",
     "ProtocolError",
+    "Reject",
     "SessionClosed",
     "SessionRejected",
     "SessionTimeout",
@@ -63,6 +66,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     # "import X as X": explicit re-exports, so type checkers see m2mwire.connect and friends.
+    from m2mwire.admission import Hello as Hello
     from m2mwire.api import Server as Server
     from m2mwire.api import Session as Session
     from m2mwire.api import connect as connect

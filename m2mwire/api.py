@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import ssl as ssl_module
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Generator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
@@ -22,14 +23,20 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from m2mwire.admission import Admission, Hello, split_address
 from m2mwire.codecs import Algorithm, resolve_algorithm
 from m2mwire.codecs.avp import AVPMessage, AVPMetadata
-from m2mwire.errors import EncodeError, M2MError, SessionClosed, TransportError
+from m2mwire.correlation import Correlator
+from m2mwire.errors import EncodeError, M2MError, SessionClosed, SessionTimeout, TransportError
 from m2mwire.session.config import SessionConfig, make_config
 from m2mwire.session.core import (
+    AVP_MORE_KEY,
+    AVP_REPLY_TO_KEY,
+    AVP_REQUEST_ID_KEY,
     Closed,
     CloseTransport,
     Established,
+    HelloReceived,
     Message,
     Role,
     SendMessage,
@@ -105,6 +112,9 @@ class Session:
         self._send_now = channel.send_now if isinstance(channel, DirectSendChannel) else None
         self._paused = False  # we stopped reading on purpose (see _update_reading)
         self._closing = False
+        self._correlator = Correlator()  # our requests waiting for answers
+        self._admission: Admission | None = None  # server: decides HelloReceived events
+        self._admitted_host: str | None = None  # the host whose admission slot we hold
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -145,26 +155,164 @@ class Session:
         *,
         algorithm: str | Algorithm | None = None,
         binary: bool = False,
+        extra: Mapping[str, str] | None = None,
     ) -> SentInfo:
         """Send one DATA message and wait until the transport has taken it (backpressure).
 
         ``content`` is text (``str``), JSON (``dict``/``list``), a numpy tensor (sent as an AVP
         hidden-state frame), an :class:`AVPMessage`, or an encoded AVP frame (``bytes``). Text and
         JSON use automatic algorithm selection among the negotiated ones unless ``algorithm`` names
-        one; ``binary=True`` sends text as a TokenNative binary frame. Errors (closed session,
-        wrong mode, over the negotiated max_payload, ...) are raised before anything is sent.
+        one; ``binary=True`` sends text as a TokenNative binary frame. ``extra`` (numpy tensors only)
+        puts string metadata in the AVP frame's ``extra`` map. Errors (closed session, wrong mode,
+        over the negotiated max_payload, ...) are raised before anything is sent.
         """
+        return await self._send(content, algorithm, binary, extra)
+
+    async def request(
+        self,
+        content: str | dict[str, Any] | list[Any] | np.ndarray[Any, Any],
+        *,
+        timeout: float | None = None,
+        algorithm: str | Algorithm | None = None,
+        extra: Mapping[str, str] | None = None,
+    ) -> Message:
+        """Send ``content`` as a request and return the peer's answer (its ``reply()``).
+
+        Many requests may be in flight on one session; each answer goes to its own request and
+        never shows up in :meth:`recv`. After ``timeout`` seconds :class:`SessionTimeout` (also a
+        ``TimeoutError``) is raised and a late answer is dropped. A peer that answers in parts
+        (``more=True``) is read with :meth:`stream` instead: here the first part is returned.
+        """
+        request_id = self._correlator.new_id()
+        future = self._correlator.expect_one(request_id)
+        try:
+            await self._send(content, algorithm, False, extra, request_id=request_id)
+            if timeout is None:
+                return await future
+            try:
+                async with asyncio.timeout(timeout):
+                    return await future
+            except TimeoutError:
+                if future.done() and not future.cancelled():
+                    return future.result()  # answered at the very deadline
+                raise SessionTimeout(
+                    f"no answer to request {request_id} within {timeout:g} s (timeout=)"
+                ) from None
+        finally:
+            self._correlator.forget(request_id)
+
+    async def stream(
+        self,
+        content: str | dict[str, Any] | list[Any] | np.ndarray[Any, Any],
+        *,
+        timeout: float | None = None,
+        algorithm: str | Algorithm | None = None,
+        extra: Mapping[str, str] | None = None,
+    ) -> AsyncIterator[Message]:
+        """Send ``content`` as a request and yield the peer's answers as they arrive.
+
+        The peer answers with ``reply(message, part, more=True)`` for each part and ends with
+        ``reply(message, last)`` (``more=False``); the loop yields every part, the last one
+        included, then ends. ``timeout`` bounds the wait for each part (:class:`SessionTimeout`).
+        Leaving the loop early is fine: later parts are dropped.
+        """
+        correlator = self._correlator
+        request_id = correlator.new_id()
+        stream = correlator.expect_stream(request_id)
+        try:
+            await self._send(content, algorithm, False, extra, request_id=request_id)
+            while True:
+                part = correlator.take(stream)
+                if part is not None:
+                    if self._paused:
+                        self._update_reading()
+                    yield part
+                    if not part.more:
+                        return
+                    continue
+                if stream.error is not None:
+                    raise stream.error
+                stream.waiter = self._loop.create_future()
+                try:
+                    async with asyncio.timeout(timeout):
+                        await stream.waiter
+                except TimeoutError:
+                    raise SessionTimeout(
+                        f"no part of stream {request_id} within {timeout:g} s (timeout=)"
+                    ) from None
+        finally:
+            correlator.forget(request_id, stream)
+            if self._paused:
+                self._update_reading()
+
+    async def reply(
+        self,
+        message: Message,
+        content: str | dict[str, Any] | list[Any] | np.ndarray[Any, Any],
+        *,
+        more: bool = False,
+        algorithm: str | Algorithm | None = None,
+        extra: Mapping[str, str] | None = None,
+    ) -> SentInfo:
+        """Answer a received request (``message.request_id`` is set); ``more=True`` sends one part
+        of a stream, and the answer without it ends the stream."""
+        request_id = message.request_id
+        if request_id is None:
+            raise EncodeError(
+                "reply() answers a request, and this message is not one (its request_id is None); "
+                "use send() for a message that answers nothing"
+            )
+        return await self._send(content, algorithm, False, extra, reply_to=request_id, more=more)
+
+    async def _send(
+        self,
+        content: object,
+        algorithm: str | Algorithm | None,
+        binary: bool,
+        extra: Mapping[str, str] | None,
+        *,
+        request_id: str | None = None,
+        reply_to: str | None = None,
+        more: bool = False,
+    ) -> SentInfo:
         now = self._loop.time()
         if type(content) is str or isinstance(content, str | dict | list):
+            if extra is not None:
+                raise EncodeError(
+                    "extra= is AVP frame metadata: it goes with numpy tensors, not text or JSON"
+                )
             if algorithm is None:
                 alg = None
             elif isinstance(algorithm, str):  # a StrEnum: names and members hit the dict alike
                 alg = _ALGORITHMS.get(algorithm) or resolve_algorithm(algorithm)
             else:
                 alg = resolve_algorithm(algorithm)  # raises EncodeError for the wrong type
-            sent = self._protocol.send(content, now, algorithm=alg, binary=binary)
+            if request_id is None and reply_to is None:
+                sent = self._protocol.send(content, now, algorithm=alg, binary=binary)
+            else:
+                sent = self._protocol.send(
+                    content,
+                    now,
+                    algorithm=alg,
+                    binary=binary,
+                    request_id=request_id,
+                    reply_to=reply_to,
+                    more=more,
+                )
         else:
-            sent = self._protocol.send_frame(self._avp_parts(content), now)
+            if request_id is not None or reply_to is not None:
+                if not isinstance(content, np.ndarray):
+                    raise EncodeError(
+                        "requests and replies carry AVP content as a numpy tensor (its correlation "
+                        "ids go in the frame's extra map), not as an already-encoded frame"
+                    )
+                extra = dict(extra or {})
+                if request_id is not None:
+                    extra[AVP_REQUEST_ID_KEY] = request_id
+                if reply_to is not None:
+                    extra[AVP_REPLY_TO_KEY] = reply_to
+                    extra[AVP_MORE_KEY] = "1" if more else "0"
+            sent = self._protocol.send_frame(self._avp_parts(content, extra), now)
         protocol = self._protocol
         if self._send_now is not None and not self._writing and not self._transport_closed:
             # Nothing queued before us and nobody writing: write synchronously if the channel can.
@@ -264,7 +412,11 @@ class Session:
             await self._shutdown()
             raise
 
-    def _avp_parts(self, content: object) -> Sequence[Buffer]:
+    def _avp_parts(self, content: object, extra: Mapping[str, str] | None = None) -> Sequence[Buffer]:
+        if extra is not None and not isinstance(content, np.ndarray):
+            raise EncodeError(
+                "extra= is set when the frame is built: pass the numpy tensor, not an encoded frame"
+            )
         if type(content) is bytes or isinstance(content, bytearray | memoryview):
             return (content,)
         if isinstance(content, AVPMessage):
@@ -286,6 +438,9 @@ class Session:
                     mode=avp.CommunicationMode.LATENT,
                     avp_map_id=info.avp_map_id,
                 )
+            if extra:
+                # A metadata of its own: the session's cached one stays on encode_parts' fast path.
+                return avp.encode_parts(content, dataclasses.replace(self._avp_metadata, extra=extra))
             return avp.encode_parts(content, self._avp_metadata)
         raise EncodeError(
             f"send() takes str, dict, list, a numpy array, an AVPMessage or AVP frame bytes, "
@@ -298,9 +453,28 @@ class Session:
             if isinstance(event, Established):
                 if not self._established.done():
                     self._established.set_result(event.info)
+            elif isinstance(event, HelloReceived):
+                self._tasks.append(asyncio.create_task(self._admit(event), name="m2mwire-admission"))
             else:
                 self._mark_closed(event)
         self._arm_timer()
+
+    async def _admit(self, event: HelloReceived) -> None:
+        """Server: run the admission rules on a HELLO and give the core the verdict."""
+        assert self._admission is not None  # the core reports HelloReceived only when asked to
+        address = split_address(self._channel.remote_address)
+        verdict = await self._admission.decide(Hello.from_capabilities(event.hello, address))
+        protocol = self._protocol
+        if verdict is None:
+            if protocol.state is not State.INITIAL:  # ended meanwhile (hello_timeout, peer gone)
+                self._admission.release(address[0])
+                return
+            self._admitted_host = address[0]
+            protocol.admit(self._loop.time())
+        else:
+            protocol.refuse(verdict.code, verdict.message)
+        self._after_protocol_step()
+        self._writer_wakeup.set()
 
     def _arm_timer(self) -> None:
         deadline = self._protocol.next_deadline()
@@ -332,6 +506,7 @@ class Session:
             self._established.exception()  # mark retrieved: a server may never await it
         self._closed.set()
         self._wake_receivers()
+        self._correlator.fail_all(_closed_error(event))
         self._update_reading()
         if self._writing and not self._transport_closed:
             # A write is blocked (the peer stopped reading): give it close_timeout to finish,
@@ -374,6 +549,11 @@ class Session:
             else:
                 message = proto.receive_binary(data, self._loop.time())
             if message is not None:  # DATA, and nothing else happened: no event, output or timer
+                if message.reply_to is not None:  # an answer to one of our requests
+                    self._correlator.route(message)
+                    if self._correlator.buffered >= self._max_queue:
+                        self._update_reading()
+                    return
                 inbox = self._inbox
                 inbox.append(message)
                 if self._receivers:
@@ -399,11 +579,14 @@ class Session:
             pause = False
         elif self._paused:
             pause = (
-                len(self._inbox) > self._max_queue // 2
+                len(self._inbox) + self._correlator.buffered > self._max_queue // 2
                 or self._protocol.output_backlog > _MAX_OUTPUT_BACKLOG // 2
             )
         else:
-            pause = len(self._inbox) >= self._max_queue or self._protocol.output_backlog > _MAX_OUTPUT_BACKLOG
+            pause = (
+                len(self._inbox) + self._correlator.buffered >= self._max_queue
+                or self._protocol.output_backlog > _MAX_OUTPUT_BACKLOG
+            )
         if pause == self._paused:
             return
         self._paused = pause
@@ -524,6 +707,9 @@ async def _open_channel(ep: _Endpoint, config: SessionConfig, topts: dict[str, A
             kwargs["fingerprint"] = topts["fingerprint"]
         if "open_timeout" in topts:
             kwargs["open_timeout"] = topts["open_timeout"]
+        if config.token is not None:
+            # Also on the upgrade, so an HTTP proxy or gateway in front can authenticate it.
+            kwargs["additional_headers"] = {"Authorization": f"Bearer {config.token}"}
         return await connect_websocket(ep.url, **kwargs)
     from m2mwire.transport.quic import QuicClientConnection, open_quic_channel
 
@@ -616,6 +802,16 @@ class Server:
     def __init__(self, handler: Handler, url: str, options: dict[str, Any]) -> None:
         self._handler = handler
         self._endpoint = _parse_url(url)
+        options = dict(options)
+        if "token" in options:
+            raise TypeError(
+                "token= is a connect() option (the client's credential); serve() checks it with on_hello="
+            )
+        self._admission = Admission(
+            options.pop("on_hello", None),
+            max_sessions=options.pop("max_sessions", None),
+            max_sessions_per_peer=options.pop("max_sessions_per_peer", None),
+        )
         self._config, self._topts = _split_options(options)
         self._active: set[str] = set()
         self._sessions: set[Session] = set()
@@ -643,9 +839,17 @@ class Server:
                 return sid
 
     async def _run_session(self, channel: Channel) -> None:
+        admission = self._admission
         session = Session(
-            channel, SessionProtocol(Role.SERVER, self._config, session_id_factory=self._new_session_id)
+            channel,
+            SessionProtocol(
+                Role.SERVER,
+                self._config,
+                session_id_factory=self._new_session_id,
+                admission=admission.active,
+            ),
         )
+        session._admission = admission
         self._sessions.add(session)
         try:
             try:
@@ -667,6 +871,9 @@ class Server:
             if session._protocol.session_id is not None:
                 self._active.discard(session._protocol.session_id)
             await session._shutdown()
+            if session._admitted_host is not None:
+                admission.release(session._admitted_host)
+                session._admitted_host = None
 
     async def start(self) -> Server:
         ep = self._endpoint

@@ -15,6 +15,7 @@ one class. Messages say what was wrong, where, and (when there is something to d
     +-- SessionTimeout         a session timer expired (handshake, PONG, CLOSE, idle)
     +-- ModeError              e.g. an AVP frame sent on a session negotiated to JSON mode
     +-- TransportError         the underlying WebSocket/QUIC connection failed
+    +-- Reject                 raised by a server's on_hello check to refuse a client
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "M2MError",
     "ModeError",
     "ProtocolError",
+    "Reject",
     "SessionClosed",
     "SessionRejected",
     "SessionTimeout",
@@ -92,7 +94,7 @@ class SessionClosed(M2MError):
         self.reason = reason
 
 
-class SessionTimeout(M2MError):
+class SessionTimeout(M2MError, TimeoutError):
     """A session timer expired (HELLO not answered, PONGs missed, CLOSE not acknowledged, idle)."""
 
 
@@ -114,3 +116,23 @@ class TransportError(M2MError):
         self.code = code
         self.reason = reason
         self.clean = clean
+
+
+# The REJECT codes a peer understands: the reference implementation's RejectionCode enum (a Rust
+# peer fails to parse any other), kept in step with m2mwire.schemas.messages.RejectCode.
+_REJECT_CODES = ("VERSION_MISMATCH", "NO_COMMON_ALGORITHM", "SECURITY_POLICY", "RATE_LIMITED", "UNKNOWN")
+
+
+class Reject(M2MError):
+    """Raise in a server's ``on_hello`` check to refuse the client: it gets REJECT ``code``.
+
+    ``code`` is one of ``SECURITY_POLICY`` (bad or missing credentials), ``RATE_LIMITED``,
+    ``VERSION_MISMATCH``, ``NO_COMMON_ALGORITHM`` or ``UNKNOWN``; ``message`` is sent to the client.
+    """
+
+    def __init__(self, code: str, message: str = "") -> None:
+        if code not in _REJECT_CODES:
+            raise ValueError(f"Reject code must be one of {', '.join(_REJECT_CODES)}, not {code!r}")
+        super().__init__(f"{code}: {message}" if message else code)
+        self.code = code
+        self.message = message

@@ -94,6 +94,8 @@ class Capabilities(msgspec.Struct, kw_only=True):
     security: SecurityCaps = msgspec.field(default_factory=SecurityCaps)
     extensions: dict[str, str] = msgspec.field(default_factory=dict)
     avp: LatentCaps | msgspec.UnsetType = msgspec.UNSET  # ours; absent unless latent mode is offered
+    # Ours, HELLO only: the client's credential for the server's admission check (``on_hello``).
+    token: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class Rejection(msgspec.Struct, kw_only=True):
@@ -108,6 +110,13 @@ class DataPayload(msgspec.Struct, kw_only=True):
     content: str
     original_size: int | msgspec.UnsetType = msgspec.UNSET
     content_type: Literal["text", "json"] | msgspec.UnsetType = msgspec.UNSET
+    # Ours, for requests and streams (docs/PROTOCOL.md "Requests and streams"); absent on plain DATA,
+    # ignored by peers that do not know them. ``request_id``: the sender expects an answer;
+    # ``reply_to``: this answers that request; ``more``: true on a stream part, false/absent on the
+    # last (or only) answer.
+    request_id: str | msgspec.UnsetType = msgspec.UNSET
+    reply_to: str | msgspec.UnsetType = msgspec.UNSET
+    more: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class ClosePayload(msgspec.Struct, kw_only=True):

@@ -55,6 +55,7 @@ class SessionConfig:
     optimize: Literal["bytes", "tokens"] = "bytes"  # what automatic algorithm selection minimises
     token_stats: bool = False  # count cl100k tokens of every message for Session.stats (costs CPU)
     max_queue: int = 64  # received messages buffered before we stop reading (backpressure)
+    token: str | None = None  # client: credential sent in HELLO for the server's on_hello check
 
     def resolved_encodings(self) -> tuple[Encoding, ...]:
         return self.encodings or tuple(available_encodings())

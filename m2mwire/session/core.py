@@ -76,10 +76,14 @@ from m2mwire.session.negotiation import (
 from m2mwire.transport.base import Buffer
 
 __all__ = [
+    "AVP_MORE_KEY",
+    "AVP_REPLY_TO_KEY",
+    "AVP_REQUEST_ID_KEY",
     "CloseTransport",
     "Closed",
     "Established",
     "Event",
+    "HelloReceived",
     "Message",
     "Role",
     "SendMessage",
@@ -93,6 +97,11 @@ __all__ = [
 log = logging.getLogger("m2mwire.session")
 
 AVP_MAGIC = b"AV"
+# Reserved keys of an AVP frame's extra map that carry the request/stream correlation fields
+# (AVP frames have no DATA envelope): docs/PROTOCOL.md "Requests and streams".
+AVP_REQUEST_ID_KEY = "m2mwire.request_id"
+AVP_REPLY_TO_KEY = "m2mwire.reply_to"
+AVP_MORE_KEY = "m2mwire.more"
 _TOKENNATIVE_BINARY_IDS = frozenset({0, 1, 2})
 
 
@@ -114,6 +123,7 @@ _ESTABLISHED = State.ESTABLISHED
 _CLOSING = State.CLOSING
 _CLOSED = State.CLOSED
 # Messages and stats carry algorithm names as plain str (Enum.value is a slow property).
+_UNSET = msgspec.UNSET
 _NAMES: dict[Algorithm, str] = {a: a.value for a in Algorithm}
 
 
@@ -158,6 +168,11 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
     text: str | None = None
     value: Any = None  # the parsed JSON value when kind == "json"
     avp: AVPMessage | None = None
+    # Requests and streams (Session.request/stream/reply): set when the peer expects an answer
+    # (request_id) or when this answers one of ours (reply_to; more=True for a stream part).
+    request_id: str | None = None
+    reply_to: str | None = None
+    more: bool = False
 
     def json(self) -> Any:
         """The JSON value (parsing the text if it came as text)."""
@@ -212,7 +227,16 @@ class Closed:
     error: M2MError | None = None
 
 
-Event = Established | Closed
+@dataclass(frozen=True, slots=True)
+class HelloReceived:
+    """Server side, with admission on: a HELLO that negotiation accepted waits for the shell's
+    verdict, :meth:`SessionProtocol.admit` or :meth:`SessionProtocol.refuse`. ``hello`` is the
+    client's capabilities (its ``token``, agent id and type, offers)."""
+
+    hello: Capabilities
+
+
+Event = Established | Closed | HelloReceived
 
 
 # Outputs returned by data_to_send()
@@ -252,6 +276,7 @@ class SessionProtocol:
         config: SessionConfig,
         *,
         session_id_factory: Callable[[], str] | None = None,
+        admission: bool = False,
     ) -> None:
         self.role = role
         self.config = config
@@ -273,6 +298,10 @@ class SessionProtocol:
         self._last_received = 0.0
         self._last_data = 0.0
         self._payload_limit = config.limits.max_message_bytes  # the negotiated max_payload, once known
+        # Admission (server): HELLO -> HelloReceived event -> admit()/refuse(); None while no
+        # verdict is awaited. Holds what ACCEPT needs so the verdict does not negotiate again.
+        self._admission = admission
+        self._awaiting_verdict: tuple[Negotiated, Capabilities] | None = None
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -342,14 +371,28 @@ class SessionProtocol:
                     )
                     return None
                 frame = avp_decode(data)  # bytes take avp's quickest input path
-                message = Message(
-                    kind="avp",
-                    algorithm="avp",
-                    binary=True,
-                    wire_bytes=size,
-                    original_bytes=len(frame.payload),
-                    avp=frame,
-                )
+                extra = frame.metadata.extra
+                if extra and (AVP_REQUEST_ID_KEY in extra or AVP_REPLY_TO_KEY in extra):
+                    message = Message(
+                        kind="avp",
+                        algorithm="avp",
+                        binary=True,
+                        wire_bytes=size,
+                        original_bytes=len(frame.payload),
+                        avp=frame,
+                        request_id=extra.get(AVP_REQUEST_ID_KEY),
+                        reply_to=extra.get(AVP_REPLY_TO_KEY),
+                        more=extra.get(AVP_MORE_KEY) == "1",
+                    )
+                else:
+                    message = Message(
+                        kind="avp",
+                        algorithm="avp",
+                        binary=True,
+                        wire_bytes=size,
+                        original_bytes=len(frame.payload),
+                        avp=frame,
+                    )
             elif first == 0x23:  # "#": an M2M v1 frame in binary form (#M2M|1|...)
                 text = decode_m2m_binary(view, limits=self.config.limits)
                 message = Message(
@@ -389,8 +432,16 @@ class SessionProtocol:
         *,
         algorithm: Algorithm | None = None,
         binary: bool = False,
+        request_id: str | None = None,
+        reply_to: str | None = None,
+        more: bool = False,
     ) -> SentInfo:
-        """Queue one DATA message (text or JSON). Raises without queuing anything on error."""
+        """Queue one DATA message (text or JSON). Raises without queuing anything on error.
+
+        ``request_id``/``reply_to``/``more`` are the request and stream correlation fields of the
+        DATA payload (docs/PROTOCOL.md "Requests and streams"); they need the text form, since a
+        TokenNative binary frame has no envelope to carry them.
+        """
         info = self.info
         if self.state is not _ESTABLISHED or info is None:
             info = self._require_established()
@@ -404,6 +455,12 @@ class SessionProtocol:
         original = len(text) if text.isascii() else _utf8_len(text)
         if original > self._payload_limit:
             self._check_payload_size(original, "message content")
+        correlated = request_id is not None or reply_to is not None
+        if binary and correlated:
+            raise EncodeError(
+                "requests and replies travel as text DATA (their ids live in the DATA envelope); "
+                "leave binary=False"
+            )
         if binary:
             # TokenNative binary, or with algorithm=m2m an M2M v1 frame in binary form
             kind = Algorithm.M2M if algorithm is Algorithm.M2M else Algorithm.TOKENNATIVE
@@ -431,12 +488,16 @@ class SessionProtocol:
                 )
             wire = encode_with(text, algorithm, info.encoding, limits=self.config.limits)
             wire_len = original if wire is text else _utf8_len(wire)
-            envelope = encode_data(
-                DataPayload(
-                    algorithm=algorithm, content=wire, original_size=original, content_type=content_type
-                ),
-                info.session_id,
+            payload = DataPayload(
+                algorithm=algorithm, content=wire, original_size=original, content_type=content_type
             )
+            if correlated:
+                if request_id is not None:
+                    payload.request_id = request_id
+                if reply_to is not None:
+                    payload.reply_to = reply_to
+                    payload.more = more
+            envelope = encode_data(payload, info.session_id)
             if len(envelope) > self._payload_limit or not envelope.isascii():
                 self._check_payload_size(_utf8_len(envelope), "DATA message")
             self._outputs.append(SendMessage(envelope))
@@ -601,7 +662,7 @@ class SessionProtocol:
     # -- message handlers -------------------------------------------------------------------------
 
     def _on_hello(self, _sid: str | None, payload: Any, now: float) -> None:
-        if self.role is not Role.SERVER or self.state is not State.INITIAL:
+        if self.role is not Role.SERVER or self.state is not State.INITIAL or self._awaiting_verdict:
             self._protocol_violation(f"unexpected HELLO in state {self.state.value}", "UNEXPECTED_MESSAGE")
             return
         assert isinstance(payload, Capabilities)
@@ -616,10 +677,34 @@ class SessionProtocol:
         if isinstance(result, Refusal):
             self._reject(result.code, result.message)
             return
+        if self._admission:
+            # The hello timer stays armed: a verdict that takes longer than hello_timeout ends
+            # the handshake like a silent server would.
+            self._awaiting_verdict = (result, payload)
+            self._events.append(HelloReceived(payload))
+            return
+        self._accept(result, payload, now)
+
+    def admit(self, now: float) -> None:
+        """Server, admission on: accept the HELLO reported by :class:`HelloReceived`."""
+        pending = self._awaiting_verdict
+        if pending is None or self.state is not State.INITIAL:
+            return  # the session ended meanwhile (hello timeout, transport gone): nothing to do
+        self._awaiting_verdict = None
+        self._accept(pending[0], pending[1], now)
+
+    def refuse(self, code: str, message: str) -> None:
+        """Server, admission on: answer the pending HELLO with REJECT ``code``."""
+        if self._awaiting_verdict is None or self.state is not State.INITIAL:
+            return
+        self._awaiting_verdict = None
+        self._reject(code, message)
+
+    def _accept(self, result: Negotiated, hello: Capabilities, now: float) -> None:
         self._session_id = self._new_session_id()
         accept = accept_capabilities(self._own_capabilities(), result)
         self._send_text(encode_message(MessageType.ACCEPT, accept, session_id=self._session_id))
-        self._establish(result, payload, now)
+        self._establish(result, hello, now)
 
     def _on_accept(self, sid: str | None, payload: Any, now: float) -> None:
         if self.role is not Role.CLIENT or self.state is not State.HELLO_SENT:
@@ -684,15 +769,30 @@ class SessionProtocol:
         except M2MError as exc:  # DecodeError, LimitExceeded, TokenizerUnavailable, ...
             self._protocol_violation(f"undecodable DATA ({payload.algorithm}): {exc}", "INVALID_DATA")
             return None
-        message = Message(
-            kind=kind,
-            algorithm=algorithm,
-            binary=False,
-            wire_bytes=wire_bytes,
-            original_bytes=original,
-            text=text,
-            value=value,
-        )
+        request_id, reply_to = payload.request_id, payload.reply_to
+        if request_id is _UNSET and reply_to is _UNSET:  # plain DATA, the usual case
+            message = Message(
+                kind=kind,
+                algorithm=algorithm,
+                binary=False,
+                wire_bytes=wire_bytes,
+                original_bytes=original,
+                text=text,
+                value=value,
+            )
+        else:
+            message = Message(
+                kind=kind,
+                algorithm=algorithm,
+                binary=False,
+                wire_bytes=wire_bytes,
+                original_bytes=original,
+                text=text,
+                value=value,
+                request_id=request_id if isinstance(request_id, str) else None,
+                reply_to=reply_to if isinstance(reply_to, str) else None,
+                more=payload.more is True,
+            )
         return self._deliver(message, now)
 
     def _on_ping(self, sid: str | None, _payload: Any, _now: float) -> None:
@@ -736,6 +836,7 @@ class SessionProtocol:
             ),
             security=SecurityCaps(),
             avp=LatentCaps(identity=cfg.identity) if cfg.identity is not None else LatentCaps(),
+            token=cfg.token if cfg.token is not None and self.role is Role.CLIENT else msgspec.UNSET,
         )
 
     def _establish(self, result: Negotiated, peer: Capabilities, now: float) -> None:

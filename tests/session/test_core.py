@@ -31,6 +31,7 @@ from m2mwire.session.core import (
     Closed,
     CloseTransport,
     Established,
+    HelloReceived,
     Message,
     Role,
     SendMessage,
@@ -698,3 +699,73 @@ def test_decompress_of_emitted_wire_matches() -> None:
     (out,) = texts(c)
     assert decompress(out["payload"]["content"]) == "some text to check"
     assert out["payload"]["original_size"] == len("some text to check")
+
+
+# -- admission and correlation fields ---------------------------------------------------------
+
+
+def test_admission_waits_for_a_verdict_then_accepts() -> None:
+    client = SessionProtocol(Role.CLIENT, cfg(token="t0k"))
+    server = SessionProtocol(Role.SERVER, cfg(), admission=True)
+    client.initiate(0.0)
+    server.initiate(0.0)
+    pump(client, server)
+    (event,) = drain(server)
+    assert isinstance(event, HelloReceived) and event.hello.token == "t0k"
+    assert server.state is State.INITIAL and not server.has_output  # nothing said before the verdict
+    server.admit(0.5)
+    pump(server, client)
+    assert server.state is State.ESTABLISHED and client.state is State.ESTABLISHED
+
+
+def test_admission_refusal_and_verdicts_after_a_timeout() -> None:
+    client = SessionProtocol(Role.CLIENT, cfg())
+    server = SessionProtocol(Role.SERVER, cfg(timers=Timers(hello_timeout=1.0)), admission=True)
+    client.initiate(0.0)
+    server.initiate(0.0)
+    pump(client, server)
+    drain(server)
+    server.refuse("SECURITY_POLICY", "no token")
+    pump(server, client)
+    (closed,) = drain(client)
+    assert isinstance(closed, Closed) and closed.code == "SECURITY_POLICY"
+    assert isinstance(closed.error, SessionRejected)
+
+    # A verdict that comes after hello_timeout ended the handshake does nothing.
+    late = SessionProtocol(Role.SERVER, cfg(timers=Timers(hello_timeout=1.0)), admission=True)
+    late.initiate(0.0)
+    other = SessionProtocol(Role.CLIENT, cfg())
+    other.initiate(0.0)
+    pump(other, late)
+    late.handle_timer(1.5)
+    assert late.state is State.CLOSED
+    late.admit(2.0)
+    assert late.state is State.CLOSED and late.info is None
+
+
+def test_second_hello_while_awaiting_a_verdict_is_a_violation() -> None:
+    client = SessionProtocol(Role.CLIENT, cfg())
+    server = SessionProtocol(Role.SERVER, cfg(), admission=True)
+    client.initiate(0.0)
+    hello = client.data_to_send()[0]
+    assert isinstance(hello, SendMessage) and isinstance(hello.message, str)
+    server.initiate(0.0)
+    server.receive_text(hello.message, 0.0)
+    server.receive_text(hello.message, 0.0)
+    assert server.state is State.CLOSED
+    assert server.closed is not None and server.closed.code == "UNEXPECTED_MESSAGE"
+
+
+def test_correlation_fields_round_trip_through_the_core() -> None:
+    client, server = pair()
+    received: list[Message] = []
+    client.send({"q": 1}, 1.0, request_id="7")
+    pump(client, server, 1.0, received)
+    assert received[-1].request_id == "7" and received[-1].reply_to is None
+    server.send("part", 1.0, reply_to="7", more=True)
+    server.send("last", 1.0, reply_to="7")
+    answers: list[Message] = []
+    pump(server, client, 1.0, answers)
+    assert [(m.text, m.reply_to, m.more) for m in answers] == [("part", "7", True), ("last", "7", False)]
+    with pytest.raises(EncodeError, match="binary=False"):
+        client.send("x", 1.0, binary=True, request_id="8")
