@@ -27,7 +27,14 @@ from m2mwire.admission import Admission, Hello, split_address
 from m2mwire.codecs import Algorithm, resolve_algorithm
 from m2mwire.codecs.avp import AVPMessage, AVPMetadata
 from m2mwire.correlation import Correlator
-from m2mwire.errors import EncodeError, M2MError, SessionClosed, SessionTimeout, TransportError
+from m2mwire.errors import (
+    EncodeError,
+    M2MError,
+    SessionClosed,
+    SessionRejected,
+    SessionTimeout,
+    TransportError,
+)
 from m2mwire.session.config import SessionConfig, make_config
 from m2mwire.session.core import (
     AVP_MORE_KEY,
@@ -51,7 +58,7 @@ from m2mwire.transport.base import Buffer, Channel, DirectSendChannel, PushChann
 if TYPE_CHECKING:
     from m2mwire.transport.quic import QuicClientConnection
 
-__all__ = ["Server", "Session", "connect", "open_quic_connection", "serve"]
+__all__ = ["Server", "ServerStats", "Session", "connect", "open_quic_connection", "serve"]
 
 log = logging.getLogger("m2mwire.session")
 
@@ -115,6 +122,7 @@ class Session:
         self._correlator = Correlator()  # our requests waiting for answers
         self._admission: Admission | None = None  # server: decides HelloReceived events
         self._admitted_host: str | None = None  # the host whose admission slot we hold
+        self._opened_at: float | None = None  # loop time of the handshake's end
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -451,6 +459,8 @@ class Session:
         """Collect events and re-arm the timer after the protocol was fed something."""
         while (event := self._protocol.next_event()) is not None:
             if isinstance(event, Established):
+                self._opened_at = self._loop.time()
+                _log_opened(event.info, self._channel.remote_address)
                 if not self._established.done():
                     self._established.set_result(event.info)
             elif isinstance(event, HelloReceived):
@@ -507,6 +517,8 @@ class Session:
         self._closed.set()
         self._wake_receivers()
         self._correlator.fail_all(_closed_error(event))
+        if self._opened_at is not None and self._protocol.info is not None:
+            _log_closed(self._protocol.info, event, self.stats, self._loop.time() - self._opened_at)
         self._update_reading()
         if self._writing and not self._transport_closed:
             # A write is blocked (the peer stopped reading): give it close_timeout to finish,
@@ -655,6 +667,61 @@ class Session:
             await asyncio.wait(others, timeout=5.0)
 
 
+def _log_opened(info: SessionInfo, remote: str) -> None:
+    if log.isEnabledFor(logging.INFO):
+        log.info(
+            "session %s opened (%s, peer %s %s at %s): algorithms %s, encoding %s, mode %s",
+            info.session_id,
+            info.role.value,
+            info.peer_agent_type[:64],
+            info.peer_agent_id[:64],
+            remote,
+            ",".join(a.value for a in info.algorithms),
+            info.encoding.value,
+            info.mode,
+        )
+
+
+def _log_closed(info: SessionInfo, event: Closed, stats: Stats, duration: float) -> None:
+    if log.isEnabledFor(logging.INFO):
+        log.info(
+            "session %s closed: %s%s%s after %.1f s; sent %d messages (%d -> %d bytes), "
+            "received %d (%d -> %d bytes), saving %.0f%%",
+            info.session_id,
+            event.code,
+            " by peer" if event.by_peer else "",
+            f" ({event.reason[:200]})" if event.reason else "",
+            duration,
+            stats.messages_sent,
+            stats.original_bytes_sent,
+            stats.wire_bytes_sent,
+            stats.messages_received,
+            stats.wire_bytes_received,
+            stats.original_bytes_received,
+            100 * stats.saving,
+        )
+
+
+async def _warm_tokenizers(info: SessionInfo, config: SessionConfig) -> None:
+    """Build the tokenizers this session will use before the application's first send: a build
+    takes ~0.2 s, which would otherwise stall the event loop (and every session on it) at the
+    first TokenNative message. It runs in a worker thread, once per process and encoding."""
+    from m2mwire.codecs import Encoding
+    from m2mwire.codecs.tokenizers import is_loaded, preload
+
+    wanted = []
+    if Algorithm.TOKENNATIVE in info.algorithms:
+        wanted.append(info.encoding)
+    if config.token_stats:
+        wanted.append(Encoding.CL100K)
+    missing = [e for e in wanted if not is_loaded(e)]
+    if missing:
+        try:
+            await asyncio.to_thread(preload, missing)
+        except M2MError as exc:  # e.g. TokenizerUnavailable: the first send reports it properly
+            log.debug("could not preload tokenizers %s: %s", missing, exc)
+
+
 def _closed_error(event: Closed, *, handshake: bool = False) -> M2MError:
     if event.error is not None and (handshake or not isinstance(event.error, SessionClosed)):
         return event.error
@@ -777,6 +844,7 @@ class connect:
         await session._start()
         if session.info.max_payload:
             channel.set_max_message_size(session.info.max_payload)
+        await _warm_tokenizers(session.info, self._config)
         self._session = session
         return session
 
@@ -794,6 +862,40 @@ class connect:
 
 
 Handler = Callable[[Session], Awaitable[None]]
+
+_SUMMED_STATS = (
+    "messages_sent",
+    "messages_received",
+    "original_bytes_sent",
+    "wire_bytes_sent",
+    "original_bytes_received",
+    "wire_bytes_received",
+    "original_tokens_sent",
+    "wire_tokens_sent",
+    "original_tokens_received",
+    "wire_tokens_received",
+)
+
+
+@dataclass(slots=True)
+class ServerStats:
+    """A server's sessions, live and ended: counts and the sums of their :class:`Stats`."""
+
+    sessions_active: int = 0
+    sessions_opened: int = 0  # established since the server started
+    sessions_refused: int = 0  # HELLOs answered with REJECT (negotiation or admission)
+    totals: Stats = dataclasses.field(default_factory=Stats)  # every session's Stats, summed
+
+    @property
+    def saving(self) -> float:
+        return self.totals.saving
+
+
+def _add_stats(into: Stats, other: Stats) -> None:
+    for name in _SUMMED_STATS:
+        setattr(into, name, getattr(into, name) + getattr(other, name))
+    for key, count in other.by_algorithm.items():
+        into.by_algorithm[key] = into.by_algorithm.get(key, 0) + count
 
 
 class Server:
@@ -815,6 +917,8 @@ class Server:
         self._config, self._topts = _split_options(options)
         self._active: set[str] = set()
         self._sessions: set[Session] = set()
+        self._ended = Stats()  # sums over sessions that have ended
+        self._opened = self._refused = 0
         self._impl: Any = None
         self.port = self._endpoint.port
         self.fingerprint: str | None = None
@@ -829,6 +933,15 @@ class Server:
     @property
     def active_sessions(self) -> int:
         return len(self._sessions)
+
+    @property
+    def stats(self) -> ServerStats:
+        """Counts and byte/message sums over this server's sessions (a snapshot)."""
+        totals = Stats()
+        _add_stats(totals, self._ended)
+        for session in self._sessions:
+            _add_stats(totals, session.stats)
+        return ServerStats(len(self._sessions), self._opened, self._refused, totals)
 
     def _new_session_id(self) -> str:
         # Unique among this server's live sessions (uuid4 collisions are only theoretical).
@@ -855,10 +968,14 @@ class Server:
             try:
                 info = await session._start()
             except M2MError as exc:
+                if isinstance(exc, SessionRejected):
+                    self._refused += 1
                 log.info("session from %s not established: %s", channel.remote_address, exc)
                 return
+            self._opened += 1
             if info.max_payload:
                 channel.set_max_message_size(info.max_payload)
+            await _warm_tokenizers(info, self._config)
             try:
                 await self._handler(session)
             except (SessionClosed, TransportError) as exc:
@@ -868,6 +985,7 @@ class Server:
             await session.close()
         finally:
             self._sessions.discard(session)
+            _add_stats(self._ended, session.stats)
             if session._protocol.session_id is not None:
                 self._active.discard(session._protocol.session_id)
             await session._shutdown()

@@ -25,6 +25,7 @@ _LAZY = {
     "tokenizer_path": "m2mwire.codecs.tokenizers",
     "register_tokenizer_file": "m2mwire.codecs.tokenizers",
     "clear_tokenizer_cache": "m2mwire.codecs.tokenizers",
+    "preload": "m2mwire.codecs.tokenizers",
     "Algorithm": "m2mwire.codecs.select",
     "resolve_algorithm": "m2mwire.codecs.select",
     "select_algorithm": "m2mwire.codecs.select",
@@ -58,6 +59,7 @@ if TYPE_CHECKING:
     from m2mwire.codecs.tokenizers import clear_tokenizer_cache as clear_tokenizer_cache
     from m2mwire.codecs.tokenizers import count_tokens as count_tokens
     from m2mwire.codecs.tokenizers import get_tokenizer as get_tokenizer
+    from m2mwire.codecs.tokenizers import preload as preload
     from m2mwire.codecs.tokenizers import register_tokenizer_file as register_tokenizer_file
     from m2mwire.codecs.tokenizers import resolve_encoding as resolve_encoding
     from m2mwire.codecs.tokenizers import tokenizer_path as tokenizer_path

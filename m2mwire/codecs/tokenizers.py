@@ -22,6 +22,7 @@ import importlib.util
 import io
 import os
 import threading
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -358,6 +359,22 @@ def token_table(encoding: str | Encoding) -> list[bytes | None]:
 def count_tokens(text: str, encoding: str | Encoding = Encoding.CL100K) -> int:
     """Number of tokens in ``text``; special-token text such as ``<|endoftext|>`` counts as one token."""
     return len(get_tokenizer(encoding).encode(text, allowed_special="all"))
+
+
+def preload(encodings: Iterable[str | Encoding] | None = None) -> list[Encoding]:
+    """Build the tokenizers of ``encodings`` now (default: every one installed here) rather than
+    on first use, which takes ~0.2 s each; returns those built. Thread-safe: a server may call it
+    in a worker thread while it serves. Unavailable encodings are skipped, as negotiation skips
+    them; name one explicitly to get its :class:`TokenizerUnavailable`."""
+    chosen = available_encodings() if encodings is None else [resolve_encoding(e) for e in encodings]
+    for enc in chosen:
+        _loaded(enc)
+    return chosen
+
+
+def is_loaded(encoding: str | Encoding) -> bool:
+    """Whether ``encoding``'s tokenizer is built already (its next use costs no load)."""
+    return resolve_encoding(encoding) in _cache
 
 
 def available_encodings() -> list[Encoding]:

@@ -206,7 +206,18 @@ class Stats:
     wire_bytes_received: int = 0
     original_tokens_sent: int = 0
     wire_tokens_sent: int = 0
+    original_tokens_received: int = 0  # text DATA received (token_stats=True)
+    wire_tokens_received: int = 0  # their wire strings (token_stats=True)
     by_algorithm: dict[str, int] = field(default_factory=dict)
+    ping_rtt: float | None = None  # seconds from our last answered PING to its PONG
+
+    @property
+    def saving(self) -> float:
+        """Share of the bytes saved on the wire, both directions: 1 - wire / original (0 when
+        nothing was sent; negative when the wire forms were larger)."""
+        original = self.original_bytes_sent + self.original_bytes_received
+        wire = self.wire_bytes_sent + self.wire_bytes_received
+        return 1.0 - wire / original if original else 0.0
 
 
 # Events returned by next_event()
@@ -294,6 +305,7 @@ class SessionProtocol:
         self._close_deadline: float | None = None
         self._pong_deadline: float | None = None
         self._missed_pongs = 0
+        self._ping_sent_at: float | None = None
         self._closed_error: M2MError | None = None  # why we started closing, if not the app's close()
         self._last_received = 0.0
         self._last_data = 0.0
@@ -602,6 +614,7 @@ class SessionProtocol:
         self._last_data = now
         self._missed_pongs = 0
         self._pong_deadline = None
+        self._ping_sent_at = None  # its PONG waits unread: no round trip to measure
 
     def next_deadline(self) -> float | None:
         """The earliest time at which handle_timer() has something to do."""
@@ -769,6 +782,9 @@ class SessionProtocol:
         except M2MError as exc:  # DecodeError, LimitExceeded, TokenizerUnavailable, ...
             self._protocol_violation(f"undecodable DATA ({payload.algorithm}): {exc}", "INVALID_DATA")
             return None
+        if self.config.token_stats:
+            self.stats.original_tokens_received += count_tokens(text)
+            self.stats.wire_tokens_received += count_tokens(content)
         request_id, reply_to = payload.request_id, payload.reply_to
         if request_id is _UNSET and reply_to is _UNSET:  # plain DATA, the usual case
             message = Message(
@@ -798,9 +814,12 @@ class SessionProtocol:
     def _on_ping(self, sid: str | None, _payload: Any, _now: float) -> None:
         self._send_text(encode_message(MessageType.PONG, session_id=self._session_id or sid))
 
-    def _on_pong(self, _sid: str | None, _payload: Any, _now: float) -> None:
+    def _on_pong(self, _sid: str | None, _payload: Any, now: float) -> None:
         self._missed_pongs = 0
         self._pong_deadline = None
+        if self._ping_sent_at is not None:
+            self.stats.ping_rtt = now - self._ping_sent_at
+            self._ping_sent_at = None
 
     def _on_close(self, _sid: str | None, payload: Any, _now: float) -> None:
         reason = ""
@@ -898,6 +917,7 @@ class SessionProtocol:
     def _ping(self, now: float) -> None:
         self._send_text(encode_message(MessageType.PING, session_id=self._session_id))
         self._pong_deadline = now + self.config.timers.pong_timeout
+        self._ping_sent_at = now
 
     def _send_text(self, text: str) -> None:
         self._queue_output(SendMessage(text))

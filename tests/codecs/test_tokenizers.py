@@ -342,3 +342,16 @@ def test_llama_models_030_layout(isolated: None, tmp_path: Path, monkeypatch: py
     moved.write_bytes(tokenizer_path("L").read_bytes())
     monkeypatch.setattr(tk, "_package_dir", lambda package: tmp_path)
     assert tokenizer_path("L") == moved
+
+
+def test_preload_builds_named_tokenizers_once() -> None:
+    from m2mwire.codecs import preload
+    from m2mwire.codecs.tokenizers import is_loaded
+
+    clear_tokenizer_cache(Encoding.O200K)
+    assert not is_loaded(Encoding.O200K)
+    assert preload(["o200k_base"]) == [Encoding.O200K]
+    assert is_loaded(Encoding.O200K)
+    built = get_tokenizer(Encoding.O200K)
+    preload([Encoding.O200K])
+    assert get_tokenizer(Encoding.O200K) is built  # not rebuilt
