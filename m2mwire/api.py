@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
+from m2mwire import tracing
 from m2mwire.admission import Admission, Hello, split_address
 from m2mwire.codecs import Algorithm, resolve_algorithm
 from m2mwire.codecs.avp import AVPMessage, AVPMetadata
@@ -123,6 +124,7 @@ class Session:
         self._admission: Admission | None = None  # server: decides HelloReceived events
         self._admitted_host: str | None = None  # the host whose admission slot we hold
         self._opened_at: float | None = None  # loop time of the handshake's end
+        self._span: Any = None  # the session's OpenTelemetry span (m2mwire.tracing), if enabled
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -192,9 +194,23 @@ class Session:
         (``more=True``) is read with :meth:`stream` instead: here the first part is returned.
         """
         request_id = self._correlator.new_id()
+        if tracing.ENABLED:
+            with tracing.request_span(request_id) as headers:
+                return await self._request(request_id, content, timeout, algorithm, extra, headers)
+        return await self._request(request_id, content, timeout, algorithm, extra, None)
+
+    async def _request(
+        self,
+        request_id: str,
+        content: object,
+        timeout: float | None,
+        algorithm: str | Algorithm | None,
+        extra: Mapping[str, str] | None,
+        trace: Mapping[str, str] | None,
+    ) -> Message:
         future = self._correlator.expect_one(request_id)
         try:
-            await self._send(content, algorithm, False, extra, request_id=request_id)
+            await self._send(content, algorithm, False, extra, request_id=request_id, trace=trace)
             if timeout is None:
                 return await future
             try:
@@ -228,7 +244,13 @@ class Session:
         request_id = correlator.new_id()
         stream = correlator.expect_stream(request_id)
         try:
-            await self._send(content, algorithm, False, extra, request_id=request_id)
+            # The request span covers the send: a generator cannot keep a span current across
+            # its yields without leaking it into the consumer's context.
+            if tracing.ENABLED:
+                with tracing.request_span(request_id) as headers:
+                    await self._send(content, algorithm, False, extra, request_id=request_id, trace=headers)
+            else:
+                await self._send(content, algorithm, False, extra, request_id=request_id)
             while True:
                 part = correlator.take(stream)
                 if part is not None:
@@ -270,6 +292,9 @@ class Session:
                 "reply() answers a request, and this message is not one (its request_id is None); "
                 "use send() for a message that answers nothing"
             )
+        if tracing.ENABLED and message.traceparent is not None:
+            with tracing.reply_span(request_id, message.traceparent, message.tracestate):
+                return await self._send(content, algorithm, False, extra, reply_to=request_id, more=more)
         return await self._send(content, algorithm, False, extra, reply_to=request_id, more=more)
 
     async def _send(
@@ -282,6 +307,7 @@ class Session:
         request_id: str | None = None,
         reply_to: str | None = None,
         more: bool = False,
+        trace: Mapping[str, str] | None = None,
     ) -> SentInfo:
         now = self._loop.time()
         if type(content) is str or isinstance(content, str | dict | list):
@@ -306,6 +332,7 @@ class Session:
                     request_id=request_id,
                     reply_to=reply_to,
                     more=more,
+                    trace=trace,
                 )
         else:
             if request_id is not None or reply_to is not None:
@@ -405,7 +432,7 @@ class Session:
 
     async def _start(self) -> SessionInfo:
         """Run the handshake; returns the negotiated info or raises (REJECT, timeout, transport)."""
-        self._protocol.initiate(self._loop.time())
+        self._protocol.initiate(self._loop.time(), tracing.carrier() if tracing.ENABLED else None)
         self._tasks = [asyncio.create_task(self._writer(), name="m2mwire-writer")]
         if isinstance(self._channel, PushChannel):
             self._push = True
@@ -461,6 +488,11 @@ class Session:
             if isinstance(event, Established):
                 self._opened_at = self._loop.time()
                 _log_opened(event.info, self._channel.remote_address)
+                if tracing.ENABLED:
+                    trace_parent = self._protocol.peer_trace or (None, None)
+                    self._span = tracing.start_session(
+                        event.info, self._channel.remote_address, *trace_parent
+                    )
                 if not self._established.done():
                     self._established.set_result(event.info)
             elif isinstance(event, HelloReceived):
@@ -519,6 +551,9 @@ class Session:
         self._correlator.fail_all(_closed_error(event))
         if self._opened_at is not None and self._protocol.info is not None:
             _log_closed(self._protocol.info, event, self.stats, self._loop.time() - self._opened_at)
+        if self._span is not None:
+            tracing.end_session(self._span, event.code, event.reason, event.error is not None)
+            self._span = None
         self._update_reading()
         if self._writing and not self._transport_closed:
             # A write is blocked (the peer stopped reading): give it close_timeout to finish,
@@ -977,7 +1012,8 @@ class Server:
                 channel.set_max_message_size(info.max_payload)
             await _warm_tokenizers(info, self._config)
             try:
-                await self._handler(session)
+                with tracing.use(session._span):  # the handler's own spans join the session's trace
+                    await self._handler(session)
             except (SessionClosed, TransportError) as exc:
                 log.info("session %s ended in handler: %s", info.session_id, exc)
             except Exception:

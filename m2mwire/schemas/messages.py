@@ -96,6 +96,9 @@ class Capabilities(msgspec.Struct, kw_only=True):
     avp: LatentCaps | msgspec.UnsetType = msgspec.UNSET  # ours; absent unless latent mode is offered
     # Ours, HELLO only: the client's credential for the server's admission check (``on_hello``).
     token: str | msgspec.UnsetType = msgspec.UNSET
+    # Ours, HELLO only: the client's W3C trace context, so the server's session span joins its trace.
+    traceparent: str | msgspec.UnsetType = msgspec.UNSET
+    tracestate: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class Rejection(msgspec.Struct, kw_only=True):
@@ -117,6 +120,9 @@ class DataPayload(msgspec.Struct, kw_only=True):
     request_id: str | msgspec.UnsetType = msgspec.UNSET
     reply_to: str | msgspec.UnsetType = msgspec.UNSET
     more: bool | msgspec.UnsetType = msgspec.UNSET
+    # Ours, on requests: the W3C trace context of the asking span (OpenTelemetry).
+    traceparent: str | msgspec.UnsetType = msgspec.UNSET
+    tracestate: str | msgspec.UnsetType = msgspec.UNSET
 
 
 class ClosePayload(msgspec.Struct, kw_only=True):

@@ -17,7 +17,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Literal
@@ -173,6 +173,8 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
     request_id: str | None = None
     reply_to: str | None = None
     more: bool = False
+    traceparent: str | None = None  # a request's W3C trace context (OpenTelemetry), if it sent one
+    tracestate: str | None = None
 
     def json(self) -> Any:
         """The JSON value (parsing the text if it came as text)."""
@@ -314,17 +316,24 @@ class SessionProtocol:
         # verdict is awaited. Holds what ACCEPT needs so the verdict does not negotiate again.
         self._admission = admission
         self._awaiting_verdict: tuple[Negotiated, Capabilities] | None = None
+        self.peer_trace: tuple[str, str | None] | None = None  # server: HELLO's traceparent, tracestate
 
     # -- inputs ---------------------------------------------------------------------------------
 
-    def initiate(self, now: float) -> None:
-        """Start the session: the client sends HELLO; both ends arm the handshake timer."""
+    def initiate(self, now: float, trace: Mapping[str, str] | None = None) -> None:
+        """Start the session: the client sends HELLO; both ends arm the handshake timer.
+
+        ``trace`` (client): W3C ``traceparent``/``tracestate`` to put in HELLO."""
         if self.state is not State.INITIAL or self._hello_deadline is not None:
             raise ProtocolError("initiate() may be called once, on a new session", code="INVALID_STATE")
         self._last_received = self._last_data = now
         self._hello_deadline = now + self.config.timers.hello_timeout
         if self.role is Role.CLIENT:
-            self._send_text(encode_message(MessageType.HELLO, self._own_capabilities()))
+            caps = self._own_capabilities()
+            if trace:
+                caps.traceparent = trace.get("traceparent", msgspec.UNSET)
+                caps.tracestate = trace.get("tracestate", msgspec.UNSET)
+            self._send_text(encode_message(MessageType.HELLO, caps))
             self.state = State.HELLO_SENT
 
     def receive_text(self, text: str, now: float) -> Message | None:
@@ -447,6 +456,7 @@ class SessionProtocol:
         request_id: str | None = None,
         reply_to: str | None = None,
         more: bool = False,
+        trace: Mapping[str, str] | None = None,
     ) -> SentInfo:
         """Queue one DATA message (text or JSON). Raises without queuing anything on error.
 
@@ -509,6 +519,9 @@ class SessionProtocol:
                 if reply_to is not None:
                     payload.reply_to = reply_to
                     payload.more = more
+                if trace:
+                    payload.traceparent = trace.get("traceparent", msgspec.UNSET)
+                    payload.tracestate = trace.get("tracestate", msgspec.UNSET)
             envelope = encode_data(payload, info.session_id)
             if len(envelope) > self._payload_limit or not envelope.isascii():
                 self._check_payload_size(_utf8_len(envelope), "DATA message")
@@ -714,6 +727,11 @@ class SessionProtocol:
         self._reject(code, message)
 
     def _accept(self, result: Negotiated, hello: Capabilities, now: float) -> None:
+        if isinstance(hello.traceparent, str):
+            self.peer_trace = (
+                hello.traceparent,
+                hello.tracestate if isinstance(hello.tracestate, str) else None,
+            )
         self._session_id = self._new_session_id()
         accept = accept_capabilities(self._own_capabilities(), result)
         self._send_text(encode_message(MessageType.ACCEPT, accept, session_id=self._session_id))
@@ -808,6 +826,8 @@ class SessionProtocol:
                 request_id=request_id if isinstance(request_id, str) else None,
                 reply_to=reply_to if isinstance(reply_to, str) else None,
                 more=payload.more is True,
+                traceparent=payload.traceparent if isinstance(payload.traceparent, str) else None,
+                tracestate=payload.tracestate if isinstance(payload.tracestate, str) else None,
             )
         return self._deliver(message, now)
 
