@@ -41,6 +41,7 @@ from m2mwire.session.core import (
     AVP_MORE_KEY,
     AVP_REPLY_TO_KEY,
     AVP_REQUEST_ID_KEY,
+    AVP_RESERVED_PREFIX,
     Closed,
     CloseTransport,
     Established,
@@ -335,6 +336,11 @@ class Session:
                     trace=trace,
                 )
         else:
+            if extra and any(key.startswith(AVP_RESERVED_PREFIX) for key in extra):
+                raise EncodeError(
+                    f"extra= keys starting with {AVP_RESERVED_PREFIX!r} are reserved for m2mwire's "
+                    "request correlation; rename them (a received message's .extra leaves them out)"
+                )
             if request_id is not None or reply_to is not None:
                 if not isinstance(content, np.ndarray):
                     raise EncodeError(

@@ -204,3 +204,21 @@ async def test_correlation_fields_on_the_wire_and_ignored_by_plain_peers() -> No
             assert answer["payload"]["reply_to"] == "r1"
             assert answer["payload"]["more"] is False
             assert json.loads(answer["payload"]["content"]) == {"answer": 42}
+
+
+async def test_reserved_extra_keys_are_refused_and_hidden(scheme: str) -> None:
+    got: list[Any] = []
+
+    async def latent(session: Session) -> None:
+        async for message in session:
+            got.append(message)
+            await session.reply(message, np.ones(16, dtype=np.float32))
+
+    async with running(latent, scheme, identity=IDENT) as server:
+        async with connect(server.url, identity=IDENT, **client_opts(server)) as session:
+            with pytest.raises(EncodeError, match="reserved"):
+                await session.send(np.zeros(16, dtype=np.float32), extra={"m2mwire.request_id": "x"})
+            answer = await session.request(np.zeros(16, dtype=np.float32), extra={"k": "v"}, timeout=10)
+    assert got[0].extra == {"k": "v"}  # the correlation keys stay out of the application's view
+    assert "m2mwire.request_id" in got[0].avp.metadata.extra
+    assert answer.extra == {}

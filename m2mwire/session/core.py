@@ -79,6 +79,7 @@ __all__ = [
     "AVP_MORE_KEY",
     "AVP_REPLY_TO_KEY",
     "AVP_REQUEST_ID_KEY",
+    "AVP_RESERVED_PREFIX",
     "CloseTransport",
     "Closed",
     "Established",
@@ -99,6 +100,7 @@ log = logging.getLogger("m2mwire.session")
 AVP_MAGIC = b"AV"
 # Reserved keys of an AVP frame's extra map that carry the request/stream correlation fields
 # (AVP frames have no DATA envelope): docs/PROTOCOL.md "Requests and streams".
+AVP_RESERVED_PREFIX = "m2mwire."
 AVP_REQUEST_ID_KEY = "m2mwire.request_id"
 AVP_REPLY_TO_KEY = "m2mwire.reply_to"
 AVP_MORE_KEY = "m2mwire.more"
@@ -175,6 +177,14 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
     more: bool = False
     traceparent: str | None = None  # a request's W3C trace context (OpenTelemetry), if it sent one
     tracestate: str | None = None
+
+    @property
+    def extra(self) -> dict[str, str]:
+        """The application's metadata of an AVP frame (its ``extra`` map without the reserved
+        ``m2mwire.*`` correlation keys); empty for text and JSON."""
+        if self.avp is None:
+            return {}
+        return {k: v for k, v in self.avp.metadata.extra.items() if not k.startswith(AVP_RESERVED_PREFIX)}
 
     def json(self) -> Any:
         """The JSON value (parsing the text if it came as text)."""
