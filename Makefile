@@ -7,14 +7,25 @@ STAMP := $(VENV)/.m2mwire-installed
 # dependency list (pydantic, Pillow, ...) out of the environment. See README "Tokenizers".
 LLAMA_MODELS := llama-models==0.0.63
 
-.PHONY: demo test lint typecheck proto bench clean
+# Installs write to a log shown only on failure: pip and setuptools print dozens of warnings
+# (e.g. pip's "Location ... is ignored" for a machine's extra-index-url that does not exist, or
+# setuptools' "ext-modules is experimental") that tell the user nothing they can act on.
+INSTALL_LOG := $(VENV)/install.log
+PIP := $(BIN)/python -m pip install --disable-pip-version-check --no-warn-script-location
+define quiet
+	@$(1) >>$(INSTALL_LOG) 2>&1 || { cat $(INSTALL_LOG); echo "make: failed: $(1) (log: $(INSTALL_LOG))"; exit 1; }
+endef
+
+.PHONY: demo test check lint typecheck proto bench clean
 
 $(STAMP): pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[dev]'
-	$(BIN)/python -m pip install -q --no-deps '$(LLAMA_MODELS)'
-	touch $(STAMP)
+	@echo "installing m2mwire and its dependencies into $(VENV) (log: $(INSTALL_LOG))"
+	@$(PYTHON) -m venv $(VENV)
+	@: >$(INSTALL_LOG)
+	$(call quiet,$(PIP) --upgrade pip)
+	$(call quiet,$(PIP) -e '.[dev]')
+	$(call quiet,$(PIP) --no-deps '$(LLAMA_MODELS)')
+	@touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m m2mwire demo
@@ -22,10 +33,13 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-lint: $(STAMP)
+# Static checks, apart from the tests: ruff lint, ruff format, mypy --strict.
+check: $(STAMP)
 	$(BIN)/ruff check m2mwire tests examples benchmarks
 	$(BIN)/ruff format --check m2mwire tests examples benchmarks
 	$(BIN)/mypy
+
+lint: check
 
 typecheck: $(STAMP)
 	$(BIN)/mypy
