@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from m2mwire.errors import (
     ChecksumMismatch,
+    ConfigError,
     DecodeError,
     EncodeError,
     LimitExceeded,
@@ -49,6 +50,7 @@ _LAZY = {
 
 __all__ = [
     "ChecksumMismatch",
+    "ConfigError",
     "DecodeError",
     "EncodeError",
     "LimitExceeded",

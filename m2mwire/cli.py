@@ -1,78 +1,217 @@
-"""The ``m2mwire`` console command: demo, serve, send, compress, decompress, schema."""
+"""The ``m2mwire`` console command: demo, serve, send, compress, decompress, schema.
+
+Errors end the command with one line on stderr, never a traceback: ``m2mwire: <what went wrong>``,
+exit status 1 for a failure and 2 for a usage error (a bad flag value, an option that does not apply),
+130 for Ctrl-C. The library's messages speak Python (``fingerprint=``); :func:`_cli_terms` rewrites
+them into the flags of this command (``--fingerprint``).
+"""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import logging
+import re
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from m2mwire import __version__
+from m2mwire.errors import ConfigError, M2MError
+
+if TYPE_CHECKING:
+    from m2mwire.api import Session
+    from m2mwire.options import Call
 
 __all__ = ["main"]
+
+EXIT_FAILURE = 1
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # the shell convention for SIGINT (128 + 2)
+
+# Python keyword options -> the flags that set them, for messages written in the library's terms.
+_FLAGS = {
+    "fingerprint": "--fingerprint",
+    "cafile": "--cafile",
+    "certfile": "--certfile",
+    "keyfile": "--keyfile",
+    "insecure": "--insecure",
+    "max_payload": "--max-payload",
+    "algorithms": "--algorithms",
+    "encodings": "--encodings",
+    "identity": "--identity",
+    "agent_id": "--agent-id",
+    "timers": "--timer",
+    "optimize": "--optimize",
+}
+# "name=True" and "name=" at the end of a word become the bare flag; "name=value" becomes "flag value".
+_OPTION_IN_TEXT = re.compile(r"\b(" + "|".join(_FLAGS) + r")=(True\b|(?=[\s,.;:)]|$))?")
+
+
+def _cli_terms(message: str) -> str:
+    """``fingerprint=<sha256>`` -> ``--fingerprint <sha256>``, ``insecure=True`` -> ``--insecure``."""
+    return _OPTION_IN_TEXT.sub(
+        lambda m: _FLAGS[m.group(1)] + ("" if m.group(2) is not None else " "), message
+    )
+
+
+def _check_flags(call: Call, url: str, given: dict[str, Any]) -> None:
+    """Reject flags that do not apply to the URL's scheme, in the command line's terms."""
+    from m2mwire.options import parse_url, valid_options  # loads the codecs: not for --version
+
+    scheme = parse_url(url).scheme
+    valid = valid_options(call, scheme)
+    for name, value in given.items():
+        if value and name not in valid:
+            where = [s + "://" for s in ("ws", "wss", "quic") if name in valid_options(call, s)]
+            raise UsageError(
+                f"{_FLAGS[name]} does not apply to a {scheme}:// URL, only to {' and '.join(where)}"
+            )
+
+
+class UsageError(Exception):
+    """A command-line value that cannot be used; the message names the flag."""
 
 
 def _read(value: str) -> str:
     return sys.stdin.read() if value == "-" else value
 
 
+def _setup_logging(level: str = "warning") -> None:
+    """Warnings of every library, and m2mwire's own records from ``level`` up.
+
+    aioquic's ``quic`` logger reports each failed handshake again (``[id] Error: 298, reason:
+    self-signed certificate``) after m2mwire has raised a TransportError saying the same with a hint;
+    its records stay below ERROR, so it is raised to ERROR here.
+    """
+    logging.basicConfig(level=logging.WARNING, format="m2mwire: %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("m2mwire").setLevel(level.upper())
+    logging.getLogger("quic").setLevel(logging.ERROR)
+
+
 def _cmd_demo(_: argparse.Namespace) -> int:
     from m2mwire.demo import run_demo
 
+    _setup_logging("error")
     asyncio.run(run_demo())
     return 0
 
 
+def _session_line(session: Session) -> str:
+    info = session.info
+    return (
+        f"session {info.session_id} from {session.remote_address}: {info.peer_agent_type} "
+        f"{info.peer_agent_id}; mode {info.mode} ({info.mode_reason}); "
+        f"algorithms {','.join(a.value for a in info.algorithms)}; encoding {info.encoding.value}; "
+        f"max_payload {info.max_payload}"
+    )
+
+
+def _serve_options(args: argparse.Namespace) -> dict[str, Any]:
+    _check_flags("serve", args.url, {"certfile": args.certfile, "keyfile": args.keyfile})
+    options: dict[str, Any] = {}
+    for name in ("certfile", "keyfile", "agent_id", "max_payload"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
+    for name in ("algorithms", "encodings"):
+        if getattr(args, name):
+            options[name] = [part.strip() for part in getattr(args, name).split(",") if part.strip()]
+    if args.identity:
+        from m2mwire.schemas.identity import ModelIdentity
+
+        try:
+            options["identity"] = ModelIdentity.from_dict(json.loads(Path(args.identity).read_text()))
+        except (OSError, ValueError, TypeError, AttributeError) as exc:
+            raise UsageError(
+                f"--identity {args.identity}: cannot read a model identity (a JSON object with "
+                f"model_family, model_id, model_hash, hidden_dim, ...): {exc}"
+            ) from None
+    if args.timer:
+        timers: dict[str, float] = {}
+        for item in args.timer:
+            name, sep, value = item.partition("=")
+            try:
+                timers[name.strip()] = float(value)
+            except ValueError:
+                sep = ""
+            if not sep:
+                raise UsageError(f"--timer {item!r}: write NAME=SECONDS, e.g. --timer ping_interval=20")
+        options["timers"] = timers
+    return options
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
-    from m2mwire.api import Session, serve
+    from m2mwire.api import serve
     from m2mwire.demo import answer
 
+    _setup_logging(args.log_level)
+
     async def agent(session: Session) -> None:
-        print(f"session {session.info.session_id} from {session.remote_address}: {session.info}", flush=True)
+        print(_session_line(session), flush=True)
+        count = 0
         async for message in session:
+            count += 1
             await session.send(answer(message))
+        print(f"session {session.info.session_id} closed after {count} message(s)", flush=True)
 
     async def run() -> None:
-        options: dict[str, Any] = {}
-        if args.certfile:
-            options.update(certfile=args.certfile, keyfile=args.keyfile)
-        async with serve(agent, args.url, **options) as server:
+        async with serve(agent, args.url, **_serve_options(args)) as server:
             print(
                 f"serving on {server.url}"
-                + (f" (fingerprint {server.fingerprint})" if server.fingerprint else ""),
+                + (f" (certificate sha256 {server.fingerprint})" if server.fingerprint else ""),
                 flush=True,
             )
+            if server.fingerprint:
+                print(
+                    f"clients: m2mwire send {server.url} MESSAGE --fingerprint {server.fingerprint}",
+                    flush=True,
+                )
             await asyncio.Future()
 
-    logging.basicConfig(level=logging.INFO)
-    with contextlib.suppress(KeyboardInterrupt):
+    try:
         asyncio.run(run())
+    except KeyboardInterrupt:  # the way to stop a server: not a failure
+        print("stopped", file=sys.stderr)
     return 0
 
 
 def _cmd_send(args: argparse.Namespace) -> int:
     from m2mwire.api import connect
 
+    _setup_logging()
     content: Any = _read(args.message)
     if args.json:
-        content = json.loads(content)
+        try:
+            content = json.loads(content)
+        except ValueError as exc:
+            raise UsageError(
+                f"--json: the message is not JSON ({exc}); leave out --json to send text"
+            ) from None
+    _check_flags(
+        "connect",
+        args.url,
+        {"fingerprint": args.fingerprint, "cafile": args.cafile, "insecure": args.insecure},
+    )
+    options: dict[str, Any] = {"token_stats": True}
+    for name in ("fingerprint", "cafile"):
+        if getattr(args, name):
+            options[name] = getattr(args, name)
+    if args.insecure:
+        options["insecure"] = True
+    session_opener = connect(args.url, **options)  # checks the URL and options before anything runs
 
     async def run() -> None:
-        options: dict[str, Any] = {"token_stats": True}
-        for name in ("fingerprint", "cafile"):
-            if getattr(args, name):
-                options[name] = getattr(args, name)
-        if args.insecure:
-            options["insecure"] = True
-        async with connect(args.url, **options) as session:
+        async with session_opener as session:
             sent = await session.send(content, algorithm=args.algorithm)
             print(
                 f"sent via {sent.algorithm}: {sent.original_bytes} -> {sent.wire_bytes} bytes",
                 file=sys.stderr,
             )
-            reply = await asyncio.wait_for(session.recv(), args.timeout)
+            try:
+                reply = await asyncio.wait_for(session.recv(), args.timeout)
+            except TimeoutError:
+                raise UsageError(f"no reply within --timeout {args.timeout:g} s") from None
             print(json.dumps(reply.value) if reply.kind == "json" else reply.text)
 
     asyncio.run(run())
@@ -87,9 +226,19 @@ def _cmd_compress(args: argparse.Namespace) -> int:
 
 
 def _cmd_decompress(args: argparse.Namespace) -> int:
-    from m2mwire.codecs import decompress
+    from m2mwire.codecs import Algorithm
+    from m2mwire.codecs.wire import decode_wire
 
-    print(decompress(_read(args.wire).rstrip("\n")))
+    decoded = decode_wire(_read(args.wire).rstrip("\n"))
+    if decoded.algorithm is Algorithm.NONE:
+        print(
+            "m2mwire: not an M2M wire string: it starts with none of the prefixes #TK|, #T1|, "
+            "#M2M[v3.0]|DATA:, #BR|, #M2M|, #DI| (content sent with algorithm 'none' has no prefix "
+            "and needs no decoding)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+    print(decoded.content)
     return 0
 
 
@@ -97,27 +246,50 @@ def _cmd_schema(args: argparse.Namespace) -> int:
     from m2mwire.schemas.messages import json_schema
 
     text = json.dumps(json_schema(), indent=2, sort_keys=True) + "\n"
-    if args.stdout:
-        print(text, end="")
+    if args.output:  # never the installed package's own copy by default: it may be read-only or shared
+        Path(args.output).write_text(text)
+        print(f"wrote {args.output}", file=sys.stderr)
     else:
-        path = Path(__file__).parent / "schemas" / "session.schema.json"
-        path.write_text(text)
-        print(f"wrote {path}")
+        print(text, end="")
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="m2mwire", description="Agent-to-agent sessions with M2M wire formats"
     )
+    parser.add_argument("--version", action="version", version=f"m2mwire {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("demo", help="run a server and a client on 127.0.0.1 and show what goes over the wire")
 
-    p = sub.add_parser("serve", help="run an answering agent")
+    p = sub.add_parser(
+        "serve",
+        help="run an answering agent",
+        description="Run the demo agent: JSON chat requests get a chat completion, other JSON an "
+        "acknowledgement object, text 'ack: N characters received', a hidden state its tanh.",
+    )
     p.add_argument("url", nargs="?", default="ws://127.0.0.1:8765", help="ws://, wss:// or quic://host:port")
-    p.add_argument("--certfile")
-    p.add_argument("--keyfile")
+    p.add_argument("--certfile", help="TLS certificate chain (PEM; wss://, quic://); default: generated")
+    p.add_argument("--keyfile", help="its private key (PEM), unless --certfile holds both")
+    p.add_argument("--identity", metavar="FILE", help="model identity (JSON object); enables latent mode")
+    p.add_argument("--agent-id", help="this agent's id (default: a random UUID)")
+    p.add_argument("--algorithms", help="comma-separated, in order of preference (default: all)")
+    p.add_argument("--encodings", help="comma-separated tokenizers to offer (default: all installed)")
+    p.add_argument("--max-payload", type=int, metavar="BYTES", help="largest message accepted; 0 = no limit")
+    p.add_argument(
+        "--timer",
+        action="append",
+        metavar="NAME=SECONDS",
+        help="a session timer, repeatable: hello_timeout, ping_interval, pong_timeout, max_missed_pongs "
+        "(a count), close_timeout, session_timeout",
+    )
+    p.add_argument(
+        "--log-level",
+        default="info",
+        choices=["debug", "info", "warning", "error"],
+        help="m2mwire's own log records (other libraries log warnings only)",
+    )
 
     p = sub.add_parser("send", help="open a session, send one message, print the reply")
     p.add_argument("url")
@@ -125,11 +297,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", action="store_true", help="parse the content as JSON")
     p.add_argument("--algorithm", help="tokennative, token, brotli, dictionary or none (default: automatic)")
     p.add_argument("--fingerprint", help="pin the server certificate's SHA-256 (wss://, quic://)")
-    p.add_argument("--cafile")
+    p.add_argument("--cafile", help="PEM file of the CA (or certificate) to trust (wss://, quic://)")
     p.add_argument(
         "--insecure", action="store_true", help="DO NOT verify the server certificate (local testing)"
     )
-    p.add_argument("--timeout", type=float, default=30.0)
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the reply")
 
     p = sub.add_parser("compress", help="print the wire form of some content")
     p.add_argument("content", help="the content, or - for standard input")
@@ -140,22 +312,34 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("decompress", help="decode a wire string")
     p.add_argument("wire", help="the wire string, or - for standard input")
 
-    p = sub.add_parser("schema", help="regenerate m2mwire/schemas/session.schema.json")
-    p.add_argument("--stdout", action="store_true")
+    p = sub.add_parser("schema", help="print the JSON Schema of the session messages")
+    p.add_argument("-o", "--output", metavar="PATH", help="write it to PATH instead of standard output")
+    p.add_argument(
+        "--stdout", action="store_true", help=argparse.SUPPRESS
+    )  # the default now; kept for scripts
+    return parser
 
-    args = parser.parse_args(argv)
-    handlers = {
-        "demo": _cmd_demo,
-        "serve": _cmd_serve,
-        "send": _cmd_send,
-        "compress": _cmd_compress,
-        "decompress": _cmd_decompress,
-        "schema": _cmd_schema,
-    }
-    from m2mwire.errors import M2MError
 
+_HANDLERS = {
+    "demo": _cmd_demo,
+    "serve": _cmd_serve,
+    "send": _cmd_send,
+    "compress": _cmd_compress,
+    "decompress": _cmd_decompress,
+    "schema": _cmd_schema,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
     try:
-        return handlers[args.command](args)
+        return _HANDLERS[args.command](args)
+    except (UsageError, ConfigError) as exc:
+        print(f"m2mwire: {_cli_terms(str(exc))}", file=sys.stderr)
+        return EXIT_USAGE
     except M2MError as exc:
-        print(f"m2mwire: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
+        print(f"m2mwire: {type(exc).__name__}: {_cli_terms(str(exc))}", file=sys.stderr)
+        return EXIT_FAILURE
+    except KeyboardInterrupt:
+        print("m2mwire: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import logging
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from m2mwire.api import Session, connect, serve
-from m2mwire.codecs import Algorithm, compress, count_tokens
+from m2mwire.codecs import Algorithm, compress, count_tokens, select_algorithm
+from m2mwire.codecs.jsonutil import dumps_compact
+from m2mwire.errors import EncodeError
 from m2mwire.samples import sample_payloads
 from m2mwire.schemas.identity import ModelIdentity
 from m2mwire.session.core import Message, SentInfo
@@ -73,74 +75,153 @@ async def _server_agent(session: Session) -> None:
         await session.send(answer(message))
 
 
+WIDTH = 100  # every line fits a 100-column terminal (tests/test_cli.py checks it)
+_TABLE_ALGORITHMS = (Algorithm.TOKENNATIVE, Algorithm.TOKEN, Algorithm.BROTLI, Algorithm.DICTIONARY)
+_TABLE_PAYLOADS = (
+    "req_hello_min",
+    "req_system_user",
+    "req_travel_3turns",
+    "req_tools_weather",
+    "resp_tool_calls",
+    "req_multilingual_conversation",
+    "prose_paragraph_1k",
+    "resp_markdown_4k",
+    "req_rag_context_11k",
+)
+
+
+def _cell(size: int, tokens: int) -> str:
+    return f"{size:>7}/{tokens:<5}"
+
+
 def _codec_table() -> None:
-    print("== Codecs: sample agent payloads, original vs wire (bytes / cl100k tokens)")
-    algs = [Algorithm.TOKENNATIVE, Algorithm.TOKEN, Algorithm.BROTLI, Algorithm.DICTIONARY, Algorithm.NONE]
-    header = f"{'payload':28} {'original':>14}" + "".join(f" {a.value:>16}" for a in algs)
-    print(header)
-    shown = {
-        "req_hello_min",
-        "req_system_user",
-        "req_travel_3turns",
-        "req_tools_weather",
-        "resp_tool_calls",
-        "req_multilingual_conversation",
-        "prose_paragraph_1k",
-        "resp_markdown_4k",
-        "req_rag_context_11k",
-    }
-    for name, content in (item for item in sample_payloads() if item[0] in shown):
-        row = f"{name[:28]:28} {len(content.encode()):>6}B/{count_tokens(content):>5}t"
-        for alg in algs:
+    print("== Codecs: sample agent payloads, wire size as bytes/cl100k tokens ('none' sends the original)")
+    print(f"{'payload':29} {'original':>13}" + "".join(f" {a.value:>13}" for a in _TABLE_ALGORITHMS))
+    totals = {alg: [0, 0] for alg in (Algorithm.NONE, *_TABLE_ALGORITHMS)}
+    dictionary_larger = rows = 0
+    payloads = dict(sample_payloads())
+    for name in _TABLE_PAYLOADS:
+        content = payloads[name]
+        size, tokens = len(content.encode()), count_tokens(content)
+        totals[Algorithm.NONE][0] += size
+        totals[Algorithm.NONE][1] += tokens
+        row = f"{name[:29]:29} {_cell(size, tokens)}"
+        for alg in _TABLE_ALGORITHMS:
             try:
                 wire = compress(content, alg)
-                row += f" {len(wire.encode()):>8}B/{count_tokens(wire):>5}t"
-            except Exception:  # e.g. T1 on non-JSON content: not applicable
-                row += f" {'n/a':>16}"
-        print(row)
+            except EncodeError:  # T1 on content that is not JSON: not applicable
+                row += f" {'n/a':^13}"
+                continue
+            wire_size = len(wire.encode())
+            row += f" {_cell(wire_size, count_tokens(wire))}"
+            if alg in (Algorithm.TOKENNATIVE, Algorithm.DICTIONARY):
+                totals[alg][0] += wire_size
+                totals[alg][1] += count_tokens(wire)
+            if alg is Algorithm.DICTIONARY:
+                dictionary_larger += wire_size > size
+        rows += 1
+        print(row.rstrip())
+    (size, tokens), (tk_size, tk_tokens) = totals[Algorithm.NONE], totals[Algorithm.TOKENNATIVE]
+    print(
+        f"   TokenNative (cl100k token ids) takes {tk_size / size:.2f}x the bytes but "
+        f"{tk_tokens / tokens:.1f}x the tokens of the original;\n"
+        "   T1 abbreviates JSON keys (JSON only, equivalent rather than byte-identical); Brotli wins on\n"
+        f"   large text; Dictionary was larger than the original for {dictionary_larger} of {rows} payloads."
+    )
     print()
 
 
 def _print_sent(label: str, sent: SentInfo) -> None:
     tokens = ""
     if sent.original_tokens is not None and sent.wire_tokens is not None:
-        tokens = f"  tokens {sent.original_tokens:>5} -> {sent.wire_tokens:>5}"
+        tokens = f" {sent.original_tokens:>5} -> {sent.wire_tokens:>5} tok"
     kind = "binary" if sent.binary else "text"
-    sizes = f"bytes {sent.original_bytes:>7} -> {sent.wire_bytes:>7}"
-    print(f"  {label:30} {sent.algorithm:12} {kind:6} {sizes}{tokens}")
+    sizes = f"{sent.original_bytes:>6} -> {sent.wire_bytes:>6} B"
+    print(f"  {label:28} {sent.algorithm:11} {kind:6} {sizes}{tokens}")
+
+
+def _shorten(text: str, room: int) -> str:
+    """``text`` within ``room`` characters: cut at a word, marked with an ellipsis and the full length."""
+    if len(text) <= room:
+        return text
+    tail = f"... ({len(text)} chars)"
+    cut = text[: max(0, room - len(tail))].rsplit(" ", 1)[0]
+    return cut + tail
+
+
+def _describe(reply: Message, room: int) -> str:
+    """What the server agent answered, whole or summarised: JSON is never cut mid-object."""
+    if reply.kind == "avp" and reply.avp is not None:
+        t = reply.avp.tensor()
+        return f"AVP hidden state, shape {list(t.shape)}, {t.dtype}"
+    if reply.kind == "json":
+        value = reply.value
+        if isinstance(value, dict) and value.get("object") == "chat.completion":
+            content = str(value["choices"][0]["message"]["content"])
+            return "completion " + _shorten(json.dumps(content, ensure_ascii=False), room - 11)
+        whole = json.dumps(value, ensure_ascii=False)
+        if len(whole) <= room:
+            return whole
+        keys = ", ".join(value) if isinstance(value, dict) else f"{len(value)} items"
+        return _shorten(f"JSON {type(value).__name__} ({keys})", room)
+    return _shorten(json.dumps(reply.text or "", ensure_ascii=False), room)
 
 
 def _print_reply(reply: Message) -> None:
-    if reply.kind == "avp" and reply.avp is not None:
-        t = reply.avp.tensor()
-        what = f"AVP hidden state shape={list(t.shape)} dtype={t.dtype}"
-    elif reply.kind == "json":
-        what = str(reply.value)[:90]
-    else:
-        what = (reply.text or "")[:90]
-    print(f"  {'':30} reply via {reply.algorithm:10} ({reply.wire_bytes} wire bytes): {what}")
+    head = f"{'':5}reply ({reply.algorithm}, {reply.wire_bytes} B): "
+    print(head + _describe(reply, WIDTH - len(head)))
+
+
+def _explain_auto(request: Any, sent: dict[str, SentInfo], allowed: Sequence[Algorithm]) -> None:
+    """Why automatic selection chose what it did, from the sizes this session just measured."""
+    auto = sent["auto"]
+    original = auto.original_bytes
+    exact = sorted(
+        (info.wire_bytes, alg) for alg, info in sent.items() if alg in ("tokennative", "brotli") and info
+    )
+    ranking = " < ".join(f"{alg} {size}" for size, alg in [*exact, (original, "none")])
+    for_tokens = select_algorithm(dumps_compact(request), allowed=allowed, optimize="tokens")
+    lines = [
+        f"auto chose {auto.algorithm}: smallest byte-exact wire of {ranking} B;",
+        f"T1 ({sent['token'].wire_bytes} B) is JSON-equivalent, not byte-exact; "
+        f"dictionary ({sent['dictionary'].wire_bytes} B) is larger than the original.",
+    ]
+    if auto.wire_tokens is not None and auto.original_tokens is not None:
+        lines.append(
+            f"{auto.algorithm} costs {auto.wire_tokens} tokens vs {auto.original_tokens}: "
+            f'optimize="tokens" (an LLM reads the wire) picks {for_tokens.value}.'
+        )
+    for line in lines:
+        print(f"{'':5}{line}")
 
 
 async def _client_run(url: str, **options: Any) -> None:
     async with connect(url, identity=DEMO_IDENTITY, token_stats=True, **options) as session:
         info = session.info
         print(f"   session {info.session_id}")
-        print(f"   algorithms {[a.value for a in info.algorithms]}  encoding {info.encoding.value}")
-        print(f"   mode {info.mode} ({info.mode_reason})  max_payload {info.max_payload}")
+        print(
+            f"   negotiated algorithms {','.join(a.value for a in info.algorithms)}; "
+            f"encoding {info.encoding.value}"
+        )
+        print(f"   mode {info.mode} ({info.mode_reason}); max_payload {info.max_payload} bytes")
+        print(f"  {'message':28} {'algorithm':11} {'frame':6} {'bytes':>16} {'cl100k tokens':>18}")
         request = json.loads(dict(sample_payloads())["req_travel_3turns"])
-        plan: list[tuple[str, Any, str | None, bool]] = [
-            ("chat request (auto)", request, None, False),
-            ("chat request (tokennative)", request, "tokennative", False),
-            ("chat request (token/T1)", request, "token", False),
-            ("chat request (brotli)", request, "brotli", False),
-            ("chat request (dictionary)", request, "dictionary", False),
-            ("plain text (none)", "Status: all tools ready.", "none", False),
-            ("text as TokenNative binary", "Summarise the findings in three bullet points.", None, True),
+        plan: list[tuple[str, str, Any, str | None, bool]] = [
+            ("auto", "chat request (auto)", request, None, False),
+            ("tokennative", "chat request (tokennative)", request, "tokennative", False),
+            ("token", "chat request (token/T1)", request, "token", False),
+            ("brotli", "chat request (brotli)", request, "brotli", False),
+            ("dictionary", "chat request (dictionary)", request, "dictionary", False),
+            ("text", "plain text (none)", "Status: all tools ready.", "none", False),
+            ("binary", "text as TokenNative binary", "Summarise the findings in three bullets.", None, True),
         ]
-        for label, content, alg, binary in plan:
+        sent_by_key: dict[str, SentInfo] = {}
+        for key, label, content, alg, binary in plan:
             sent = await session.send(content, algorithm=alg, binary=binary)
+            sent_by_key[key] = sent
             _print_sent(label, sent)
             _print_reply(await session.recv())
+        _explain_auto(request, sent_by_key, info.algorithms)
         if info.mode == "LATENT":
             hidden = np.random.default_rng(7).standard_normal(DEMO_IDENTITY.hidden_dim).astype(np.float32)
             sent = await session.send(hidden)
@@ -148,14 +229,12 @@ async def _client_run(url: str, **options: Any) -> None:
             _print_reply(await session.recv())
         st = session.stats
         print(
-            f"   sent {st.messages_sent} messages: {st.original_bytes_sent} original bytes -> "
-            f"{st.wire_bytes_sent} wire bytes; text messages "
-            f"{st.original_tokens_sent} -> {st.wire_tokens_sent} tokens"
+            f"   sent {st.messages_sent} messages: {st.original_bytes_sent} -> {st.wire_bytes_sent} bytes; "
+            f"text {st.original_tokens_sent} -> {st.wire_tokens_sent} cl100k tokens"
         )
 
 
 async def run_demo() -> None:
-    logging.basicConfig(level=logging.ERROR)
     _codec_table()
     for scheme in ("ws", "quic"):
         async with serve(_server_agent, f"{scheme}://127.0.0.1:0", identity=DEMO_IDENTITY) as server:
@@ -165,6 +244,9 @@ async def run_demo() -> None:
                 options["fingerprint"] = server.fingerprint  # pin the server's generated certificate
             await _client_run(server.url, **options)
             print()
+    print("next: examples/server.py + examples/client.py, an agent pair to copy (python examples/server.py)")
+    print("      m2mwire serve ws://127.0.0.1:8765   then   m2mwire send ws://127.0.0.1:8765 'hello'")
+    print("      README.md (Use: connect, serve, Message) and docs/PROTOCOL.md")
 
 
 def main() -> None:

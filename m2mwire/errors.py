@@ -7,6 +7,7 @@ one class. Messages say what was wrong, where, and (when there is something to d
     +-- DecodeError            malformed wire input (bad prefix, base64, varint, JSON, frame, ...)
     |   +-- ChecksumMismatch   a CRC or integrity check failed
     +-- EncodeError            content that the chosen algorithm cannot encode
+    +-- ConfigError            an option or URL that is malformed or does not apply (also a ValueError)
     +-- LimitExceeded          a size/depth/count limit was hit (input or decompressed output)
     +-- TokenizerUnavailable   a tokenizer's data file is missing or corrupt
     +-- ProtocolError          a session peer broke the protocol (carries a code)
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 __all__ = [
     "ChecksumMismatch",
+    "ConfigError",
     "DecodeError",
     "EncodeError",
     "LimitExceeded",
@@ -51,6 +53,15 @@ class ChecksumMismatch(DecodeError):
 
 class EncodeError(M2MError):
     """The content cannot be encoded with the requested algorithm or options."""
+
+
+class ConfigError(M2MError, ValueError):
+    """An option or URL given to connect(), serve() (or the console) is malformed or does not apply.
+
+    Raised at the call, before any connection is made; the message names the option and, for one
+    that does not apply, lists those that do. Also a ValueError, as Python code expects of a bad
+    argument.
+    """
 
 
 class LimitExceeded(M2MError):

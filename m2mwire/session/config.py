@@ -9,10 +9,10 @@ from typing import Any, Literal
 
 from m2mwire.codecs import Algorithm, Encoding, available_encodings, resolve_algorithm, resolve_encoding
 from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits, MiB
-from m2mwire.errors import EncodeError
+from m2mwire.errors import ConfigError, EncodeError
 from m2mwire.schemas.identity import ModelIdentity
 
-__all__ = ["DEFAULT_ALGORITHMS", "SessionConfig", "Timers", "make_config"]
+__all__ = ["DEFAULT_ALGORITHMS", "SESSION_OPTIONS", "SessionConfig", "Timers", "make_config"]
 
 # Preference order when the caller says nothing: token-efficient first, passthrough last. m2m (the
 # reference 0.4's M2M v1 frames) is offered so a peer that speaks only that gets a session; automatic
@@ -67,7 +67,8 @@ class SessionConfig:
         return encodings[0] if encodings else Encoding.CL100K
 
 
-_OPTION_NAMES = frozenset(SessionConfig.__dataclass_fields__)
+SESSION_OPTIONS = frozenset(SessionConfig.__dataclass_fields__)
+_TIMER_NAMES = tuple(Timers.__dataclass_fields__)
 
 
 def make_config(options: dict[str, Any]) -> SessionConfig:
@@ -76,9 +77,12 @@ def make_config(options: dict[str, Any]) -> SessionConfig:
     ``timers`` may be a :class:`Timers` or a dict of its fields. Unknown options are an error, so a
     typo never silently falls back to a default.
     """
-    unknown = set(options) - _OPTION_NAMES
+    unknown = set(options) - SESSION_OPTIONS
     if unknown:
-        raise TypeError(f"unknown session option(s): {', '.join(sorted(unknown))}")
+        raise ConfigError(
+            f"unknown session option(s): {', '.join(sorted(unknown))}; "
+            f"session options: {', '.join(sorted(SESSION_OPTIONS))}"
+        )
     opts = dict(options)
     if "algorithms" in opts:
         algs = tuple(resolve_algorithm(a) for a in _as_iter(opts["algorithms"]))
@@ -91,8 +95,24 @@ def make_config(options: dict[str, Any]) -> SessionConfig:
         opts["encodings"] = tuple(resolve_encoding(e) for e in _as_iter(opts["encodings"]))
     if opts.get("preferred_encoding") is not None:
         opts["preferred_encoding"] = resolve_encoding(opts["preferred_encoding"])
+    if opts.get("optimize", "bytes") not in ("bytes", "tokens"):
+        # Checked here rather than at the first send(), where it used to fail.
+        raise ConfigError(f"optimize= takes 'bytes' or 'tokens', not {opts['optimize']!r}")
     if isinstance(opts.get("timers"), dict):
+        wrong = sorted(set(opts["timers"]) - set(_TIMER_NAMES))
+        if wrong:
+            raise ConfigError(f"unknown timer(s) {', '.join(wrong)}; timers: {', '.join(_TIMER_NAMES)}")
         opts["timers"] = replace(Timers(), **opts["timers"])
+    timers = opts.get("timers")
+    if timers is not None and not isinstance(timers, Timers):
+        raise ConfigError(f"timers= takes a Timers or a dict of its fields, not {type(timers).__name__}")
+    for name in _TIMER_NAMES:
+        value = getattr(timers or Timers(), name)
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ConfigError(f"timer {name} takes a number above 0 (seconds, or a count), not {value!r}")
+    max_payload = opts.get("max_payload", 0)
+    if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload < 0:
+        raise ConfigError(f"max_payload= takes a number of bytes (0 = unlimited), not {max_payload!r}")
     config = SessionConfig(**opts)
     if config.preferred_encoding is not None and config.preferred_encoding not in config.resolved_encodings():
         raise EncodeError(

@@ -291,7 +291,7 @@ async def connect_websocket(
             **extra,
         )
     except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
-        raise TransportError(f"could not open WebSocket {url}: {exc}") from exc
+        raise TransportError(f"could not open WebSocket {url}: {_open_failure(url, exc)}") from exc
     assert isinstance(conn, _ClientConnection)
     if fingerprint is not None:
         from m2mwire.transport.tls import verify_fingerprint
@@ -305,6 +305,29 @@ async def connect_websocket(
             await conn.close(1008, "certificate fingerprint mismatch")
             raise
     return WebSocketChannel(conn)
+
+
+def _open_failure(url: str, exc: BaseException) -> str:
+    """Why opening ``url`` failed, with what to do where there is something to do.
+
+    Some failures carry no text of their own (a plain ws:// server resets a TLS ClientHello: an
+    empty ConnectionResetError), so the exception's type is always named.
+    """
+    reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+    if isinstance(exc, ssl_module.SSLCertVerificationError):
+        return (
+            f"the server's certificate is not trusted ({exc.verify_message}). For a server with a "
+            "self-signed certificate, pin the SHA-256 fingerprint it printed with fingerprint=<sha256>, "
+            "or pass its certificate as cafile="
+        )
+    if url.lower().startswith("wss://") and isinstance(exc, ssl_module.SSLError | ConnectionResetError):
+        return (
+            f"the TLS handshake failed ({reason}); is this a plain ws:// server? "
+            "Then connect with ws:// instead of wss://"
+        )
+    if isinstance(exc, TimeoutError):
+        return f"no WebSocket handshake within the open timeout ({reason}); is an m2mwire server there?"
+    return reason
 
 
 async def serve_websocket(

@@ -1,0 +1,202 @@
+"""URLs and keyword options of ``connect()`` and ``serve()``, checked when they are called.
+
+Every option either applies to the call and its URL scheme or is rejected at once, with the list of
+those that do: a ``fingerprint=`` on a ``ws://`` URL or an ``insecure=`` given to ``serve()`` would
+otherwise be silently ignored, and a missing ``cafile=`` or a certificate without its key would
+only show up as a failed handshake much later (on the server: at every client's handshake).
+"""
+
+from __future__ import annotations
+
+import os
+import ssl as ssl_module
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from m2mwire.errors import ConfigError
+from m2mwire.session.config import SESSION_OPTIONS, SessionConfig, make_config
+
+__all__ = ["Call", "Endpoint", "load_server_certificate", "parse_url", "split_options", "valid_options"]
+
+Call = Literal["connect", "serve"]
+Scheme = Literal["ws", "wss", "quic"]
+
+_SCHEMES: tuple[Scheme, ...] = ("ws", "wss", "quic")
+_DEFAULT_PORTS: dict[str, int] = {"ws": 80, "wss": 443, "quic": 4433}
+
+# Transport options per call and scheme; every session option (SessionConfig's fields) applies to all.
+_TRANSPORT_OPTIONS: dict[Call, dict[Scheme, tuple[str, ...]]] = {
+    "connect": {
+        "ws": ("open_timeout",),
+        "wss": ("ssl", "cafile", "cadata", "fingerprint", "insecure", "open_timeout"),
+        "quic": (
+            "cafile",
+            "cadata",
+            "fingerprint",
+            "insecure",
+            "server_name",
+            "open_timeout",
+            "idle_timeout",
+            "connection",
+        ),
+    },
+    "serve": {
+        "ws": (),
+        "wss": ("ssl", "certfile", "keyfile"),
+        "quic": ("certfile", "keyfile", "idle_timeout"),
+    },
+}
+# Options of one call only: the client's credential, the server's admission control (serve() takes
+# those out before calling split_options, but they belong in its list of valid options).
+_CALL_ONLY: dict[str, Call] = {
+    "token": "connect",
+    "on_hello": "serve",
+    "max_sessions": "serve",
+    "max_sessions_per_peer": "serve",
+}
+_ALL_TRANSPORT = frozenset(
+    name for by_scheme in _TRANSPORT_OPTIONS.values() for v in by_scheme.values() for name in v
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    scheme: Scheme
+    host: str
+    port: int
+    url: str
+
+
+def parse_url(url: str) -> Endpoint:
+    """``ws://``, ``wss://`` or ``quic://`` host and port; ConfigError says how to write anything else."""
+    if not isinstance(url, str):
+        raise ConfigError(f"the URL must be a str such as 'ws://127.0.0.1:8765', not {type(url).__name__}")
+    if "://" not in url:
+        raise ConfigError(f"URL {url!r} has no scheme: write ws://{url}, wss://{url} or quic://{url}")
+    parts = urlsplit(url)
+    scheme = parts.scheme.lower()
+    if scheme in ("http", "https"):
+        secure = scheme == "https"
+        raise ConfigError(
+            f"{scheme}:// is not an m2mwire URL ({url!r}): use {'wss' if secure else 'ws'}:// for a "
+            "WebSocket server or quic:// for a QUIC server"
+        )
+    if scheme not in _SCHEMES:
+        raise ConfigError(f"unsupported URL scheme {parts.scheme!r} in {url!r}: use ws://, wss:// or quic://")
+    try:
+        port = parts.port
+    except ValueError as exc:  # urllib's "Port could not be cast to integer value" and out-of-range
+        raise ConfigError(f"bad port in {url!r}: {exc}") from None
+    host = parts.hostname or "127.0.0.1"
+    return Endpoint(scheme, host, port if port is not None else _DEFAULT_PORTS[scheme], url)
+
+
+def valid_options(call: Call, scheme: Scheme) -> list[str]:
+    """Every option ``call`` accepts with a ``scheme://`` URL, sorted."""
+    shared = {name for name in SESSION_OPTIONS if _CALL_ONLY.get(name, call) == call}
+    own = {name for name, only in _CALL_ONLY.items() if only == call}
+    return sorted({*shared, *own, *_TRANSPORT_OPTIONS[call][scheme]})
+
+
+def split_options(options: dict[str, Any], call: Call, ep: Endpoint) -> tuple[SessionConfig, dict[str, Any]]:
+    """Check every option against ``call`` and the URL's scheme; returns (session config, transport options).
+
+    A transport option set to None (or ``insecure=False``) is the same as leaving it out, so callers can
+    pass e.g. ``fingerprint=server.fingerprint`` whatever the scheme.
+    """
+    given = {k: v for k, v in options.items() if not (k in _ALL_TRANSPORT and v in (None, False))}
+    allowed = set(valid_options(call, ep.scheme))
+    wrong = sorted(set(given) - allowed)
+    if wrong:
+        raise ConfigError(_not_applicable(wrong, call, ep.scheme))
+    transport = {k: v for k, v in given.items() if k in _ALL_TRANSPORT}
+    session = {k: v for k, v in given.items() if k not in _ALL_TRANSPORT}
+    config = make_config(session)
+    for name in ("open_timeout", "idle_timeout"):
+        value = transport.get(name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int | float) or value <= 0
+        ):
+            raise ConfigError(f"{name}= takes a number of seconds above 0, not {value!r}")
+    if "ssl" in transport and not isinstance(transport["ssl"], ssl_module.SSLContext):
+        raise ConfigError(f"ssl= takes an ssl.SSLContext, not {type(transport['ssl']).__name__}")
+    if call == "connect":
+        _check_trust(transport)
+    elif "certfile" in transport or "keyfile" in transport:
+        load_server_certificate(transport.get("certfile"), transport.get("keyfile"))
+    return config, transport
+
+
+def _not_applicable(names: list[str], call: Call, scheme: Scheme) -> str:
+    reasons = []
+    for name in names:
+        schemes = [s for s in _SCHEMES if name in _TRANSPORT_OPTIONS[call][s]]
+        other: Call = "serve" if call == "connect" else "connect"
+        if schemes:
+            reasons.append(
+                f"{name}= applies to {call}() with {' and '.join(s + '://' for s in schemes)} only"
+            )
+        elif _CALL_ONLY.get(name) == other or any(name in _TRANSPORT_OPTIONS[other][s] for s in _SCHEMES):
+            reasons.append(f"{name}= is an option of {other}(), not of {call}()")
+        else:
+            reasons.append(f"unknown option {name}=")
+    return f"{'; '.join(reasons)}. Options of {call}() with a {scheme}:// URL: " + ", ".join(
+        valid_options(call, scheme)
+    )
+
+
+def _check_trust(transport: dict[str, Any]) -> None:
+    """Contradictory verification options, a malformed fingerprint, a missing or unreadable cafile."""
+    from m2mwire.transport.tls import check_trust_options
+
+    try:
+        check_trust_options(
+            cafile=transport.get("cafile"),
+            cadata=transport.get("cadata"),
+            fingerprint=transport.get("fingerprint"),
+            insecure=bool(transport.get("insecure", False)),
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    cafile, cadata = transport.get("cafile"), transport.get("cadata")
+    if cafile is None and cadata is None:
+        return
+    if cafile is not None and not os.path.isfile(cafile):
+        raise ConfigError(
+            f"cafile={os.fspath(cafile)!r}: no such file. Pass the PEM file of the CA that signed the "
+            "server's certificate (or the server's own certificate), or pin fingerprint= instead"
+        )
+    try:  # the same loader the transports use, so what passes here loads there too
+        ssl_module.create_default_context(
+            cafile=cafile, cadata=cadata.decode("ascii") if isinstance(cadata, bytes) else cadata
+        )
+    except (ssl_module.SSLError, OSError, ValueError, UnicodeDecodeError) as exc:
+        what = f"cafile={os.fspath(cafile)!r}" if cafile is not None else "cadata="
+        raise ConfigError(f"{what} holds no usable PEM certificate: {exc}") from None
+
+
+def load_server_certificate(certfile: Any, keyfile: Any) -> ssl_module.SSLContext:
+    """A server TLS context from ``certfile``/``keyfile``; ConfigError when they do not load.
+
+    Checked when serve() is called: QUIC (aioquic) would otherwise accept a certificate without its
+    key at start and fail every client's handshake.
+    """
+    from m2mwire.transport.tls import server_ssl_context
+
+    if certfile is None:
+        raise ConfigError("keyfile= needs certfile= (the certificate chain, PEM)")
+    for name, path in (("certfile", certfile), ("keyfile", keyfile)):
+        if path is not None and not os.path.isfile(path):
+            raise ConfigError(f"{name}={os.fspath(path)!r}: no such file")
+    try:
+        return server_ssl_context(certfile, keyfile)
+    except (ssl_module.SSLError, OSError, ValueError) as exc:
+        hint = (
+            "; pass keyfile= with the private key (PEM) unless certfile holds both" if keyfile is None else ""
+        )
+        raise ConfigError(
+            f"cannot load the server certificate certfile={os.fspath(certfile)!r}"
+            + (f" keyfile={os.fspath(keyfile)!r}" if keyfile is not None else "")
+            + f": {exc}{hint}"
+        ) from None
