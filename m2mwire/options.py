@@ -105,7 +105,7 @@ def split_options(options: dict[str, Any], call: Call, ep: Endpoint) -> tuple[Se
     A transport option set to None (or ``insecure=False``) is the same as leaving it out, so callers can
     pass e.g. ``fingerprint=server.fingerprint`` whatever the scheme.
     """
-    given = {k: v for k, v in options.items() if not (k in _ALL_TRANSPORT and v in (None, False))}
+    given = {k: v for k, v in options.items() if not (k in _ALL_TRANSPORT and (v is None or v is False))}
     allowed = set(valid_options(call, ep.scheme))
     wrong = sorted(set(given) - allowed)
     if wrong:

@@ -1,0 +1,146 @@
+"""Options and URLs of connect()/serve(): whatever does not apply fails at the call, saying what does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from m2mwire import ConfigError, connect, serve
+from m2mwire.api import Session
+from m2mwire.errors import TransportError
+from m2mwire.transport.tls import generate_self_signed
+
+FP = "ab" * 32
+
+
+async def nothing(session: Session) -> None:
+    pass
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "says"),
+    [
+        (
+            "ws://127.0.0.1:1",
+            {"fingerprint": FP},
+            "fingerprint= applies to connect() with wss:// and quic://",
+        ),
+        ("ws://127.0.0.1:1", {"cafile": "/nonexistent.pem"}, "cafile= applies to connect() with wss://"),
+        ("ws://127.0.0.1:1", {"insecure": True}, "insecure= applies to connect()"),
+        ("wss://127.0.0.1:1", {"certfile": "c.pem"}, "certfile= is an option of serve(), not of connect()"),
+        ("quic://127.0.0.1:1", {"keyfile": "k.pem"}, "keyfile= is an option of serve()"),
+        ("wss://127.0.0.1:1", {"idle_timeout": 5}, "idle_timeout= applies to connect() with quic:// only"),
+        ("ws://127.0.0.1:1", {"fingreprint": FP}, "unknown option fingreprint="),
+    ],
+)
+def test_connect_rejects_options_that_do_not_apply(url: str, options: dict[str, object], says: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        connect(url, **options)  # at the call: nothing is opened
+    message = str(caught.value)
+    assert says in message
+    scheme = url.split(":")[0]
+    assert f"Options of connect() with a {scheme}:// URL: " in message and "max_payload" in message
+    assert isinstance(caught.value, ValueError)  # what Python code expects of a bad argument
+
+
+@pytest.mark.parametrize(
+    ("url", "options", "says"),
+    [
+        ("ws://127.0.0.1:0", {"insecure": True}, "insecure= is an option of connect(), not of serve()"),
+        ("quic://127.0.0.1:0", {"fingerprint": FP}, "fingerprint= is an option of connect()"),
+        ("ws://127.0.0.1:0", {"certfile": "c.pem"}, "certfile= applies to serve() with wss:// and quic://"),
+    ],
+)
+def test_serve_rejects_options_that_do_not_apply(url: str, options: dict[str, object], says: str) -> None:
+    with pytest.raises(ConfigError, match="Options of serve\\(\\)") as caught:
+        serve(nothing, url, **options)
+    assert says in str(caught.value)
+
+
+def test_none_means_not_given() -> None:
+    connect("ws://127.0.0.1:1", fingerprint=None, cafile=None, insecure=False)
+    serve(nothing, "ws://127.0.0.1:0", certfile=None, keyfile=None)
+
+
+def test_optimize_is_checked_at_the_call_not_the_first_send() -> None:
+    with pytest.raises(ConfigError, match="optimize= takes 'bytes' or 'tokens', not 'speed'"):
+        connect("ws://127.0.0.1:1", optimize="speed")
+    with pytest.raises(ConfigError, match="optimize="):
+        serve(nothing, "ws://127.0.0.1:0", optimize="speed")
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"timers": {"ping_intervall": 5}}, "unknown timer(s) ping_intervall; timers: hello_timeout"),
+        ({"timers": {"pong_timeout": 0}}, "timer pong_timeout takes a number above 0"),
+        ({"timers": 5}, "timers= takes a Timers or a dict"),
+        ({"max_payload": -1}, "max_payload= takes a number of bytes"),
+        ({"open_timeout": 0}, "open_timeout= takes a number of seconds above 0"),
+    ],
+)
+def test_bad_values_are_named(options: dict[str, object], says: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        connect("ws://127.0.0.1:1", **options)
+    assert says in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://127.0.0.1:8765", "http:// is not an m2mwire URL"),
+        ("https://example.org", "use wss://"),
+        ("127.0.0.1:8765", "has no scheme: write ws://127.0.0.1:8765"),
+        ("ws://127.0.0.1:port", "bad port in 'ws://127.0.0.1:port'"),
+        ("tcp://127.0.0.1:1", "use ws://, wss:// or quic://"),
+    ],
+)
+def test_urls_that_are_not_m2mwire_urls(url: str, says: str) -> None:
+    with pytest.raises(ConfigError) as caught:
+        connect(url)
+    assert says in str(caught.value)
+
+
+def test_malformed_fingerprint_and_contradictory_trust() -> None:
+    with pytest.raises(ConfigError, match="not a SHA-256 digest"):
+        connect("wss://127.0.0.1:1", fingerprint="ab:cd")
+    with pytest.raises(ConfigError, match="choose one way to verify the server"):
+        connect("quic://127.0.0.1:1", fingerprint=FP, insecure=True)
+
+
+def test_missing_or_unusable_cafile(tmp_path: Path) -> None:
+    for url in ("wss://127.0.0.1:1", "quic://127.0.0.1:1"):
+        with pytest.raises(ConfigError, match=r"no such file\. Pass the PEM file of the CA"):
+            connect(url, cafile=str(tmp_path / "missing.pem"))
+    junk = tmp_path / "junk.pem"
+    junk.write_text("not a certificate\n")
+    with pytest.raises(ConfigError, match="holds no usable PEM certificate"):
+        connect("quic://127.0.0.1:1", cafile=str(junk))
+
+
+@pytest.mark.parametrize("scheme", ["wss", "quic"])
+def test_server_certificate_without_its_key_fails_at_serve(scheme: str, tmp_path: Path) -> None:
+    cert = generate_self_signed()
+    certfile = tmp_path / "cert.pem"
+    certfile.write_bytes(cert.cert_pem)
+    with pytest.raises(ConfigError, match="pass keyfile= with the private key"):
+        serve(nothing, f"{scheme}://127.0.0.1:0", certfile=str(certfile))
+    with pytest.raises(ConfigError, match="keyfile= needs certfile="):
+        serve(nothing, f"{scheme}://127.0.0.1:0", keyfile=str(certfile))
+    with pytest.raises(ConfigError, match="no such file"):
+        serve(nothing, f"{scheme}://127.0.0.1:0", certfile=str(tmp_path / "missing.pem"))
+    both = tmp_path / "both.pem"
+    both.write_bytes(cert.cert_pem + cert.key_pem)  # one file holding both is fine
+    serve(nothing, f"{scheme}://127.0.0.1:0", certfile=str(both))
+
+
+async def test_wss_hints_speak_python() -> None:
+    async with serve(nothing, "ws://127.0.0.1:0") as plain:
+        with pytest.raises(TransportError, match="is this a plain ws:// server"):
+            await connect(f"wss://127.0.0.1:{plain.port}", open_timeout=5)
+    async with serve(nothing, "wss://127.0.0.1:0") as secure:
+        with pytest.raises(TransportError) as caught:
+            await connect(secure.url, open_timeout=5)
+        assert "not trusted (self-signed certificate)" in str(caught.value)
+        assert "fingerprint=<sha256>" in str(caught.value) and "cafile=" in str(caught.value)
