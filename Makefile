@@ -28,10 +28,10 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python -m m2mwire demo
+	@$(BIN)/python -m m2mwire demo
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	@$(BIN)/python -m pytest -q
 
 # Static checks, apart from the tests: ruff lint, ruff format, mypy --strict.
 check: $(STAMP)

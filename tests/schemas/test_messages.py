@@ -275,6 +275,7 @@ def test_oversized_message_rejected_before_parsing() -> None:
 
 def test_json_schema_exported_file_is_current() -> None:
     exported = Path(__file__).resolve().parents[2] / "m2mwire" / "schemas" / "session.schema.json"
-    assert json.loads(exported.read_text()) == json_schema(), "run `python -m m2mwire schema` to regenerate"
+    regenerate = "python -m m2mwire schema -o m2mwire/schemas/session.schema.json"
+    assert json.loads(exported.read_text()) == json_schema(), f"stale: {regenerate}"
     defs = json_schema()["$defs"]
     assert {"Envelope", "Capabilities", "DataPayload", "Rejection", "ClosePayload"} <= set(defs)
