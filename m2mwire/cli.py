@@ -178,6 +178,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 def _cmd_send(args: argparse.Namespace) -> int:
     from m2mwire.api import connect
+    from m2mwire.errors import SessionTimeout
 
     _setup_logging()
     content: Any = _read(args.message)
@@ -211,7 +212,7 @@ def _cmd_send(args: argparse.Namespace) -> int:
             try:
                 reply = await asyncio.wait_for(session.recv(), args.timeout)
             except TimeoutError:
-                raise UsageError(f"no reply within --timeout {args.timeout:g} s") from None
+                raise SessionTimeout(f"no reply within --timeout {args.timeout:g} s") from None
             print(json.dumps(reply.value) if reply.kind == "json" else reply.text)
 
     asyncio.run(run())

@@ -36,7 +36,7 @@ def assert_clean_failure(done: subprocess.CompletedProcess[str], status: int, *s
     """Failed with ``status``, one readable message, no traceback."""
     assert done.returncode == status, (done.returncode, done.stderr)
     assert "Traceback" not in done.stderr, done.stderr
-    assert done.stderr.startswith("m2mwire: "), done.stderr
+    assert done.stderr.splitlines()[-1].startswith("m2mwire: "), done.stderr
     for text in says:
         assert text in done.stderr, done.stderr
 
@@ -328,3 +328,33 @@ def test_cli_terms_rewrites_keyword_options_into_flags() -> None:
     assert _cli_terms("pass fingerprint=<sha256> or cafile=.") == "pass --fingerprint <sha256> or --cafile."
     assert _cli_terms("insecure=True and max_payload=5") == "--insecure and --max-payload 5"
     assert _cli_terms("certfile='a.pem'") == "--certfile 'a.pem'"
+
+
+SILENT_AGENT = """
+import asyncio, m2mwire
+
+async def silent(session):
+    async for _ in session:
+        pass  # reads, never answers
+
+async def main():
+    async with m2mwire.serve(silent, "ws://127.0.0.1:0") as server:
+        print(server.url, flush=True)
+        await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+def test_no_reply_within_timeout_is_a_session_timeout() -> None:
+    server = subprocess.Popen(
+        [sys.executable, "-c", SILENT_AGENT], stdout=subprocess.PIPE, text=True, cwd=ROOT
+    )
+    try:
+        assert server.stdout is not None
+        url = server.stdout.readline().strip()
+        done = m2mwire("send", url, "hi", "--timeout", "0.5", timeout=30)
+    finally:
+        server.kill()
+        server.wait(timeout=10)
+    assert_clean_failure(done, 1, "SessionTimeout: no reply within --timeout 0.5 s")
