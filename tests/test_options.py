@@ -32,6 +32,7 @@ async def nothing(session: Session) -> None:
         ("quic://127.0.0.1:1", {"keyfile": "k.pem"}, "keyfile= is an option of serve()"),
         ("wss://127.0.0.1:1", {"idle_timeout": 5}, "idle_timeout= applies to connect() with quic:// only"),
         ("ws://127.0.0.1:1", {"fingreprint": FP}, "unknown option fingreprint="),
+        ("ws://127.0.0.1:1", {"max_sessions": 3}, "max_sessions= is an option of serve(), not of connect()"),
     ],
 )
 def test_connect_rejects_options_that_do_not_apply(url: str, options: dict[str, object], says: str) -> None:
@@ -56,6 +57,14 @@ def test_serve_rejects_options_that_do_not_apply(url: str, options: dict[str, ob
     with pytest.raises(ConfigError, match="Options of serve\\(\\)") as caught:
         serve(nothing, url, **options)
     assert says in str(caught.value)
+
+
+def test_each_call_lists_its_own_options() -> None:
+    with pytest.raises(ConfigError) as caught:
+        serve(nothing, "quic://127.0.0.1:0", open_timeout=3)
+    listed = str(caught.value).split("URL: ")[1].split(", ")
+    assert {"on_hello", "max_sessions", "certfile", "idle_timeout", "timers"} <= set(listed)
+    assert "token" not in listed and "fingerprint" not in listed
 
 
 def test_none_means_not_given() -> None:
