@@ -8,15 +8,23 @@ Received messages are pushed to the session straight from the connection's ``dat
 (a ``process_event`` override, websockets' documented extension point) instead of going through
 websockets' message queue and a reader task: that saves an event-loop hop per message.
 Backpressure then works at the socket: when the session's inbox is full we pause reading.
+
+Resource bounds (docs/PROTOCOL.md, "Resource bounds"): a peer that sends PINGs (or anything else
+websockets answers by itself) without reading the answers stops being read once those answers
+queue up (``_MAX_REPLY_BACKLOG``); a fragmented message may have at most one frame per 64 bytes
+of the message size limit (``_BYTES_PER_FRAGMENT``); a pinned certificate is checked before the
+HTTP upgrade request (which carries the URL's path, query and headers) is written.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import ssl as ssl_module
+import sys
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.client import connect as ws_connect
@@ -46,6 +54,16 @@ _BULK_READ = 1024 * 1024
 # a mask and a syscall per part); larger ones go out as fragments of one message.
 _JOIN_BELOW = 256 * 1024
 
+# Automatic replies (PONGs to the peer's PINGs, a close frame) that may queue while the peer does
+# not read what we write: beyond this, we stop reading until our writes drain (see data_received).
+_MAX_REPLY_BACKLOG = 64 * 1024
+# A fragmented message may have one frame per this many bytes of max_message_size (and at least
+# _MIN_FRAGMENTS): empty or tiny fragments otherwise cost memory and CPU without counting against
+# any size limit. 64 bytes per frame is the smallest fragment size of the Autobahn suite's
+# fragmentation cases (4 MiB in 65,536 frames), which therefore pass at a limit of 4 MiB.
+_BYTES_PER_FRAGMENT = 64
+_MIN_FRAGMENTS = 1024
+
 # Enum member reads cost ~0.12 us on Python 3.11: these run for every frame.
 _TEXT, _BINARY, _CONT = Opcode.TEXT, Opcode.BINARY, Opcode.CONT
 _DATA_OPCODES = frozenset((_TEXT, _BINARY, _CONT))
@@ -68,7 +86,15 @@ class _PushMixin:
         self.m2m_early: deque[Message] = deque()
         self.m2m_lost: TransportError | None = None
         self._m2m_frags: list[bytes] | None = None
+        self._m2m_frames_left = 0  # frames the fragmented message in progress may still have
         self._m2m_text = False
+        # Reading is paused while the session asks for it (its inbox is full) or while automatic
+        # replies pile up unread by the peer; the socket is read only when neither holds.
+        self._m2m_session_paused = False
+        self._m2m_replies_paused = False
+        self._m2m_reading_paused = False
+        self._m2m_writing_paused = False
+        self._m2m_reply_backlog = 0  # bytes of automatic replies queued since writing paused
         self.m2m_waiter: asyncio.Future[None] | None = None
         # Swap in the copy-saving reader before any byte arrives; the parser websockets primed
         # holds the old reader's methods, so it is restarted on the new one.
@@ -85,20 +111,91 @@ class _PushMixin:
         if getattr(self.transport, "max_size", None) == _FULL_READ:
             self.transport.max_size = _BULK_READ
 
+    # -- reading gate ------------------------------------------------------------------------------
+
+    def m2m_pause_reading(self, paused: bool) -> None:
+        """The session's backpressure: stop (True) or restart (False) reading the socket."""
+        self._m2m_session_paused = paused
+        self._m2m_update_reading()
+
+    def _m2m_update_reading(self) -> None:
+        pause = self._m2m_session_paused or self._m2m_replies_paused
+        transport = self.transport
+        if pause == self._m2m_reading_paused or transport is None or transport.is_closing():
+            return
+        self._m2m_reading_paused = pause
+        if pause:
+            transport.pause_reading()
+        else:
+            transport.resume_reading()
+
+    def data_received(self, data: bytes) -> None:
+        if not self._m2m_writing_paused:
+            super().data_received(data)  # type: ignore[misc]
+            return
+        # The peer does not read what we write. websockets answers PINGs (and a close) on its
+        # own, straight into the write buffer, so a peer flooding PINGs would make that buffer
+        # grow without bound. Nothing else writes synchronously from here (the session's
+        # replies go through its writer task, which waits for drain), so the growth across
+        # this call is those automatic replies: past _MAX_REPLY_BACKLOG, stop reading until
+        # the peer has read our output (resume_writing). The buffer then holds at most the
+        # write limit, the application's messages in progress, _MAX_REPLY_BACKLOG and the
+        # replies to one read.
+        transport = self.transport
+        before = transport.get_write_buffer_size()
+        super().data_received(data)  # type: ignore[misc]
+        self._m2m_reply_backlog += transport.get_write_buffer_size() - before
+        if self._m2m_reply_backlog > _MAX_REPLY_BACKLOG and not self._m2m_replies_paused:
+            self._m2m_replies_paused = True
+            self._m2m_update_reading()
+
+    def pause_writing(self) -> None:
+        super().pause_writing()  # type: ignore[misc]
+        self._m2m_writing_paused = True
+        self._m2m_reply_backlog = 0
+
+    def resume_writing(self) -> None:
+        super().resume_writing()  # type: ignore[misc]
+        self._m2m_writing_paused = False
+        if self._m2m_replies_paused:
+            self._m2m_replies_paused = False
+            self._m2m_update_reading()
+
+    # -- messages ----------------------------------------------------------------------------------
+
+    def _m2m_too_many_fragments(self) -> None:
+        self._m2m_frags = None
+        limit = self.protocol.max_message_size
+        self.protocol.fail(
+            CloseCode.MESSAGE_TOO_BIG,
+            f"fragmented message of more than {_fragment_budget(limit)} frames "
+            f"(one per {_BYTES_PER_FRAGMENT} bytes of the {limit}-byte message limit)",
+        )
+        self.send_data()  # data_received flushed before processing events: flush the close
+
     def process_event(self, event: Event) -> None:
         if type(event) is not Frame or (opcode := event.opcode) not in _DATA_OPCODES:
             super().process_event(event)  # type: ignore[misc]  # handshake events, pings, pongs
             return
         if opcode is _CONT:
-            if self._m2m_frags is None:
+            frags = self._m2m_frags
+            if frags is None:
                 return  # the protocol layer already failed the connection for this
-            self._m2m_frags.append(bytes(event.data))
+            # websockets bounds the payload bytes of all fragments by max_message_size; this
+            # bounds their number, so per-frame costs (objects, CPU) are bounded by it too.
+            self._m2m_frames_left -= 1
+            if self._m2m_frames_left < 0:
+                self._m2m_too_many_fragments()
+                return
+            if event.data:  # empty fragments are counted, never stored
+                frags.append(bytes(event.data))
             if not event.fin:
                 return
-            data, self._m2m_frags = b"".join(self._m2m_frags), None
+            data, self._m2m_frags = b"".join(frags), None
             is_text = self._m2m_text
         elif not event.fin:
             self._m2m_frags, self._m2m_text = [bytes(event.data)], opcode is _TEXT
+            self._m2m_frames_left = _fragment_budget(self.protocol.max_message_size) - 1
             return
         else:
             data, is_text = bytes(event.data), opcode is _TEXT
@@ -129,10 +226,26 @@ class _PushMixin:
                 self.m2m_waiter.set_result(None)
 
 
+def _fragment_budget(max_message_size: int | None) -> int:
+    """Frames a fragmented message may have under this limit (no limit: no bound)."""
+    if not max_message_size:
+        return sys.maxsize
+    return max(_MIN_FRAGMENTS, max_message_size // _BYTES_PER_FRAGMENT)
+
+
 class _ClientConnection(_PushMixin, ClientConnection):
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, m2m_fingerprint: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._m2m_init()
+        self._m2m_fingerprint = m2m_fingerprint
+
+    async def handshake(self, *args: Any, **kwargs: Any) -> None:
+        # The upgrade request carries the URL's path and query (often a token), Host and
+        # User-Agent: a pinned certificate is checked first, so an impostor receives none of
+        # it. websockets' connect() aborts the connection on this exception and re-raises it.
+        if self._m2m_fingerprint is not None:
+            _verify_pin(self.transport, self._m2m_fingerprint)
+        await super().handshake(*args, **kwargs)
 
 
 class _ServerConnection(_PushMixin, ServerConnection):
@@ -227,14 +340,10 @@ class WebSocketChannel:
             ws.m2m_on_lost = on_lost
 
     def pause_reading(self) -> None:
-        transport = self._ws.transport
-        if transport is not None and not transport.is_closing():
-            transport.pause_reading()
+        self._ws.m2m_pause_reading(True)
 
     def resume_reading(self) -> None:
-        transport = self._ws.transport
-        if transport is not None and not transport.is_closing():
-            transport.resume_reading()
+        self._ws.m2m_pause_reading(False)
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         try:
@@ -260,6 +369,15 @@ def _closed(exc: ConnectionClosed) -> TransportError:
     return TransportError(f"WebSocket closed ({detail})", code=code, reason=reason, clean=clean)
 
 
+def _verify_pin(transport: asyncio.BaseTransport, fingerprint: str) -> None:
+    from m2mwire.transport.tls import verify_fingerprint
+
+    ssl_object = transport.get_extra_info("ssl_object")
+    if ssl_object is None:
+        raise TransportError("a certificate fingerprint was pinned, but the connection has no TLS")
+    verify_fingerprint(ssl_object, fingerprint)
+
+
 def _max_size(max_message_size: int) -> int | None:
     return max_message_size if max_message_size > 0 else None
 
@@ -275,9 +393,11 @@ async def connect_websocket(
 ) -> WebSocketChannel:
     """Open a WebSocket connection and wrap it as a channel.
 
-    With ``fingerprint`` (wss:// only), the server certificate's SHA-256 must match it; the
-    connection is closed before anything is sent when it does not.
+    With ``fingerprint`` (wss:// only), the server certificate's SHA-256 must match it; it is
+    checked right after the TLS handshake, and on a mismatch the connection is dropped before
+    the HTTP upgrade request (or anything else) is sent.
     """
+    factory = functools.partial(_ClientConnection, m2m_fingerprint=fingerprint)
     try:
         conn = await ws_connect(
             url,
@@ -287,23 +407,13 @@ async def connect_websocket(
             write_limit=_WRITE_LIMIT,
             ssl=ssl,
             open_timeout=open_timeout,
-            create_connection=_ClientConnection,
+            # A factory with the class's signature: websockets only calls it.
+            create_connection=cast(type[ClientConnection], factory),
             **extra,
         )
     except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
         raise TransportError(f"could not open WebSocket {url}: {_open_failure(url, exc)}") from exc
     assert isinstance(conn, _ClientConnection)
-    if fingerprint is not None:
-        from m2mwire.transport.tls import verify_fingerprint
-
-        ssl_object = conn.transport.get_extra_info("ssl_object")
-        try:
-            if ssl_object is None:
-                raise TransportError("a certificate fingerprint was pinned, but the connection has no TLS")
-            verify_fingerprint(ssl_object, fingerprint)
-        except TransportError:
-            await conn.close(1008, "certificate fingerprint mismatch")
-            raise
     return WebSocketChannel(conn)
 
 
