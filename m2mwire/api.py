@@ -785,7 +785,8 @@ async def _open_channel(ep: Endpoint, config: SessionConfig, topts: dict[str, An
     if shared is not None:
         if not isinstance(shared, QuicClientConnection):
             raise TypeError("connection= takes a connection from m2mwire.open_quic_connection()")
-        return await shared.open_channel(max_message_size=max_size)
+        # open_timeout also bounds the wait for a free stream when the connection has none left.
+        return await shared.open_channel(max_message_size=max_size, timeout=topts.get("open_timeout"))
     qopts = {k: v for k, v in topts.items() if k in _QUIC_CLIENT_OPTIONS}
     if "open_timeout" in topts:
         qopts["connect_timeout"] = topts["open_timeout"]

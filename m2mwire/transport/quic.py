@@ -16,6 +16,11 @@ Built on aioquic, with three things aioquic does not do itself:
   unread data per stream and per connection is bounded by the windows.
 * **Liveness.** Keepalive PINGs while idle, and every channel fails with a clear error when no
   packet arrived for ``idle_timeout`` seconds.
+* **Admission.** The server validates client addresses with a Retry before it creates any
+  connection state, holds at most ``QuicTuning.max_half_open`` unfinished handshakes (each for at
+  most ``handshake_timeout``), and closes a connection that has had no channel open for
+  ``idle_timeout``. A client waits for the server's stream credit before it opens a channel
+  beyond the server's limit, since aioquic would otherwise break the whole connection.
 
 and, for speed, its own UDP transport (:class:`_UdpTransport`): aioquic's cost is per packet, and
 asyncio hands over one datagram per event-loop turn, after which aioquic builds its reply packets;
@@ -52,13 +57,14 @@ from aioquic.quic.connection import (
     stream_is_client_initiated,
     stream_is_unidirectional,
 )
-from aioquic.quic.packet import QuicErrorCode, QuicFrameType
+from aioquic.quic.packet import QuicErrorCode, QuicFrameType, QuicPacketType
 from aioquic.quic.packet_builder import QuicPacketBuilder
 from aioquic.quic.recovery import QuicPacketSpace
 from aioquic.quic.stream import QuicStream
 from cryptography.hazmat.primitives import serialization
 
 from m2mwire.errors import EncodeError, TransportError
+from m2mwire.transport import aioquic_compat
 from m2mwire.transport.base import Buffer, Message, OutgoingMessage
 from m2mwire.transport.framing import (
     KIND_BINARY,
@@ -135,6 +141,11 @@ class QuicTuning:
     flush_threshold: int = 256 * 1024
     # Concurrent peer-opened channels a server accepts on one connection (QUIC MAX_STREAMS).
     max_channels_per_connection: int = 256
+    # Server: connections whose handshake has not completed, at most (each holds ~80 KB of
+    # aioquic state); Initials that would start another are dropped, and the client retries.
+    max_half_open: int = 256
+    # Server: a handshake not completed in this time is abandoned (its state freed).
+    handshake_timeout: float = 10.0
 
     def __post_init__(self) -> None:
         if not 0 < self.stream_send_low <= self.stream_send_high:
@@ -143,6 +154,8 @@ class QuicTuning:
             raise ValueError("need 0 < connection_send_low <= connection_send_high")
         if self.stream_window < 4096 or self.connection_window < self.stream_window:
             raise ValueError("need stream_window >= 4096 and connection_window >= stream_window")
+        if self.max_half_open < 1 or self.handshake_timeout <= 0:
+            raise ValueError("need max_half_open >= 1 and handshake_timeout > 0")
         if not 0 < self.ack_delay < 0.025:
             raise ValueError("ack_delay must be above 0 and below the advertised max_ack_delay of 25 ms")
         for name in ("max_datagram_size", "loopback_datagram_size"):
@@ -836,13 +849,16 @@ class QuicChannel:
                 self._protocol._waiting.discard(self)
 
     def _finish_close(self) -> None:
-        self._closed = True
+        proto = self._protocol
+        was_open, self._closed = not self._closed, True
         if self._stream_id is not None:
-            self._protocol._zombies.add(self._stream_id)
+            proto._zombies.add(self._stream_id)
         self._discard_input()
-        self._protocol._send_active.discard(self)
-        if self._protocol._grant_connection_credit():
-            self._protocol._transmit_soon()
+        proto._send_active.discard(self)
+        if proto._grant_connection_credit():
+            proto._transmit_soon()
+        if was_open:
+            proto._channel_closed(self)
 
 
 _RESET_HINTS: Final[dict[int, str]] = {
@@ -902,6 +918,18 @@ class _Protocol(QuicConnectionProtocol):
         self._last_rx = self._loop.time()
         self._keepalive: asyncio.TimerHandle | None = None
         self._on_terminated: Callable[[_Protocol], None] | None = None
+        self._on_handshake_done: Callable[[_Protocol], None] | None = None
+        self._handshake_done = False
+        # Server: since when the connection has had no open channel (None while one is open, and
+        # before the handshake, which handshake_timeout bounds instead).
+        self._no_channel_since: float | None = None
+        self._handshake_timer: asyncio.TimerHandle | None = None
+        if not quic.configuration.is_client:
+            self._handshake_timer = self._loop.call_later(
+                tuning.handshake_timeout, self._on_handshake_timeout
+            )
+        # Client: open_channel() calls waiting for the server's stream credit.
+        self._stream_waiters: list[asyncio.Future[None]] = []
         self.remote_address = "?"
         self.stats = ChannelStats()
         # Only clients open streams, and only bidirectional ones (announced in the transport parameters).
@@ -941,6 +969,8 @@ class _Protocol(QuicConnectionProtocol):
     def _after_datagrams(self) -> None:
         self._grant_connection_credit()
         self._after_acks()
+        if self._stream_waiters:
+            self._wake_stream_waiters()  # a MAX_STREAMS frame may have arrived
         self.transmit()
 
     def connection_lost(self, exc: Exception | None) -> None:
@@ -974,6 +1004,14 @@ class _Protocol(QuicConnectionProtocol):
             self._terminate(self._describe_termination(event))
 
     def _on_handshake(self, event: events.HandshakeCompleted) -> None:
+        self._handshake_done = True
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        if not self._quic.configuration.is_client:
+            self._no_channel_since = self._loop.time()
+        if self._on_handshake_done is not None:
+            self._on_handshake_done(self)
         peer_cert = getattr(self._quic.tls, "_peer_certificate", None)
         if peer_cert is not None:
             self._peer_fingerprint = certificate_fingerprint(peer_cert)
@@ -1006,8 +1044,69 @@ class _Protocol(QuicConnectionProtocol):
             return None
         channel = QuicChannel(self, stream_id, self._max_message_size)
         self._channels[stream_id] = channel
+        self._no_channel_since = None
         self._on_channel(channel)
         return channel
+
+    def _channel_closed(self, channel: QuicChannel) -> None:
+        if channel._stream_id is None:
+            self._wake_stream_waiters()  # it held a slot of the peer's stream credit
+        if self._quic.configuration.is_client or self._no_channel_since is not None:
+            return
+        if not any(not ch._closed for ch in self._channels.values()):  # bounded by MAX_STREAMS
+            self._no_channel_since = self._loop.time()
+
+    # -- stream credit (client) ----------------------------------------------------------------------
+
+    def _streams_available(self) -> int:
+        """Channels that may still be opened within the peer's MAX_STREAMS.
+
+        A channel takes its stream id at its first write, so channels opened but not yet written
+        to hold a slot too; ``_all_channels`` is weak, so a channel dropped unclosed frees its slot.
+        """
+        quic = self._quic
+        opened = quic.get_next_available_stream_id() // 4
+        pending = sum(1 for ch in self._all_channels if ch._stream_id is None and not ch._closed)
+        return aioquic_compat.bidi_streams_allowed(quic) - opened - pending
+
+    async def _reserve_stream(self, timeout: float) -> None:
+        """Return once a new channel fits in the peer's stream credit; TransportError after ``timeout``."""
+        if self._streams_available() > 0 and not self._stream_waiters:
+            return
+        waiter = self._loop.create_future()
+        self._stream_waiters.append(waiter)
+        try:
+            async with asyncio.timeout(timeout):
+                while True:  # bounded by the timeout; each pass waits for credit or a closed channel
+                    await waiter
+                    if self._terminated:
+                        raise (
+                            self._failure or _Failure(f"QUIC connection to {self.remote_address} is closed")
+                        ).error()
+                    if self._streams_available() > 0:
+                        return
+                    waiter = self._loop.create_future()
+                    self._stream_waiters.insert(0, waiter)  # keep its turn
+        except TimeoutError:
+            allowed = aioquic_compat.bidi_streams_allowed(self._quic)
+            raise TransportError(
+                f"no channel could be opened on the QUIC connection to {self.remote_address} within "
+                f"{timeout:g} s: all {allowed - self._quic.get_next_available_stream_id() // 4} "
+                "remaining streams the server allows (its MAX_STREAMS limit, 256 concurrent by "
+                "default) are in use. Close a session on this connection first, or open another "
+                "connection with open_quic_connection()"
+            ) from None
+        finally:
+            if waiter in self._stream_waiters:
+                self._stream_waiters.remove(waiter)
+            self._wake_stream_waiters()
+
+    def _wake_stream_waiters(self) -> None:
+        # Wake as many waiters, in order, as there are free slots (all of them once terminated).
+        free = len(self._stream_waiters) if self._terminated else self._streams_available()
+        for waiter in self._stream_waiters[: max(free, 0)]:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _register_local_channel(self, channel: QuicChannel) -> int:
         # Stream ids are taken at the first write, so channels opened but never used cost nothing
@@ -1068,12 +1167,45 @@ class _Protocol(QuicConnectionProtocol):
         at = min(self._loop.time() + interval, self._last_rx + idle_timeout)
         self._keepalive = self._loop.call_at(at, self._on_keepalive)
 
+    def _on_handshake_timeout(self) -> None:
+        self._handshake_timer = None
+        if self._terminated or self._handshake_done:
+            return
+        timeout = self._tuning.handshake_timeout
+        self._failure = _Failure(
+            f"QUIC handshake with {self.remote_address} not completed within {timeout:g} s"
+        )
+        # A transport close (frame type given): aioquic forgets the connection after its closing
+        # period (three PTOs), which frees the state.
+        self._quic.close(
+            error_code=QuicErrorCode.CONNECTION_REFUSED,
+            frame_type=QuicFrameType.PADDING,
+            reason_phrase="handshake timeout",
+        )
+        self.transmit()
+        self._terminate(self._failure)
+
     def _on_keepalive(self) -> None:
         self._keepalive = None
         if self._terminated:
             return
         idle_timeout = self._effective_idle_timeout()
-        idle = self._loop.time() - self._last_rx
+        now = self._loop.time()
+        since = self._no_channel_since
+        if since is not None and now - since >= idle_timeout:
+            # Server: a connection that carries no channel costs state and keepalives for
+            # nothing; a client keeps it only as long as it would keep an idle one.
+            reason = f"no channel open for {idle_timeout:g} s"
+            self._failure = _Failure(
+                f"QUIC connection to {self.remote_address} closed: {reason}",
+                code=ErrorCode.NO_ERROR,
+                reason=reason,
+                clean=True,
+            )
+            self.close(error_code=ErrorCode.NO_ERROR, reason_phrase=reason)
+            self._terminate(self._failure)
+            return
+        idle = now - self._last_rx
         if idle >= idle_timeout:
             # Silent close, as for QUIC's own idle timeout: the peer is presumed gone. aioquic's
             # idle timer then discards the connection state.
@@ -1134,6 +1266,12 @@ class _Protocol(QuicConnectionProtocol):
         if self._keepalive is not None:
             self._keepalive.cancel()
             self._keepalive = None
+        if self._handshake_timer is not None:
+            self._handshake_timer.cancel()
+            self._handshake_timer = None
+        for stream_waiter in self._stream_waiters:
+            if not stream_waiter.done():
+                stream_waiter.set_result(None)
         for channel in list(self._all_channels):
             channel._fail(failure, failure)
         self._waiting.clear()
@@ -1170,10 +1308,13 @@ class _Protocol(QuicConnectionProtocol):
 class QuicClientConnection:
     """A client QUIC connection that carries any number of channels."""
 
-    def __init__(self, protocol: _Protocol, transport: asyncio.DatagramTransport) -> None:
+    def __init__(
+        self, protocol: _Protocol, transport: asyncio.DatagramTransport, *, open_timeout: float = 10.0
+    ) -> None:
         self._protocol = protocol
         self._transport = transport
         self._closing = False
+        self.open_timeout = open_timeout  # default wait of open_channel() for stream credit
 
     @property
     def remote_address(self) -> str:
@@ -1193,12 +1334,23 @@ class QuicClientConnection:
         """Connection-wide peaks (send_buffered_peak, recv_queued_peak)."""
         return self._protocol.stats
 
-    async def open_channel(self, *, max_message_size: int | None = None) -> QuicChannel:
-        """A new channel on its own stream. The server sees it when the first message arrives."""
+    async def open_channel(
+        self, *, max_message_size: int | None = None, timeout: float | None = None
+    ) -> QuicChannel:
+        """A new channel on its own stream. The server sees it when the first message arrives.
+
+        The server allows a number of concurrent channels per connection (256 by default, its
+        QUIC MAX_STREAMS); beyond it this waits until a channel closes, at most ``timeout``
+        seconds (default: the connection's ``open_timeout``, its ``connect_timeout``), then raises
+        TransportError. The other channels are never disturbed.
+        """
         proto = self._protocol
         if proto._terminated or self._closing:
             failure = proto._failure or _Failure(f"QUIC connection to {self.remote_address} is closed")
             raise failure.error()
+        await proto._reserve_stream(self.open_timeout if timeout is None else timeout)
+        if self._closing:
+            raise _Failure(f"QUIC connection to {self.remote_address} is closed").error()
         return QuicChannel(
             proto, None, proto._max_message_size if max_message_size is None else max_message_size
         )
@@ -1236,6 +1388,38 @@ class QuicClientConnection:
         await self.close()
 
 
+class _Listener(_AioquicServer):
+    """aioquic's server with address validation (Retry) and a cap on unfinished handshakes.
+
+    With ``retry=True`` an Initial without a token gets a stateless Retry (smaller than the Initial,
+    so no amplification) and no connection state; only a client that echoes the token from its
+    own address gets one. Even then at most ``admit()`` allows unfinished handshakes exist: an
+    Initial that would start another is dropped (the client's Initial timer retries it).
+    """
+
+    def __init__(self, *, admit: Callable[[], bool], **kwargs: Any) -> None:
+        super().__init__(retry=True, **kwargs)
+        self._m2m_admit = admit
+        self._m2m_cid_length = kwargs["configuration"].connection_id_length
+
+    def datagram_received(self, data: bytes | str, addr: NetworkAddress) -> None:
+        raw = cast(bytes, data)
+        # Only long-header datagrams (handshake packets) are looked at; 1-RTT traffic goes straight on.
+        if raw and raw[0] & 0x80 and len(raw) >= SMALLEST_MAX_DATAGRAM_SIZE:
+            try:
+                header = aioquic_compat.parse_header(raw, self._m2m_cid_length)
+            except ValueError:
+                return  # aioquic drops it too
+            if (
+                header.packet_type == QuicPacketType.INITIAL
+                and header.token  # without one, aioquic answers with a stateless Retry
+                and not aioquic_compat.has_connection(self, header.destination_cid)
+                and not self._m2m_admit()
+            ):
+                return
+        super().datagram_received(data, addr)
+
+
 class QuicServer:
     """A running QUIC server (see :func:`serve_quic`)."""
 
@@ -1252,6 +1436,9 @@ class QuicServer:
         self._server: _AioquicServer | None = None
         self._transport: asyncio.DatagramTransport | None = None
         self._connections: set[_Protocol] = set()
+        self._half_open: set[_Protocol] = set()  # handshake not completed yet
+        self.max_half_open = QuicTuning.max_half_open
+        self.refused_initials = 0  # Initials dropped because max_half_open handshakes were running
         self._tasks: set[asyncio.Task[None]] = set()
         self._closing = False
         self._close_called = asyncio.Event()
@@ -1263,9 +1450,26 @@ class QuicServer:
     def connections(self) -> int:
         return len(self._connections)
 
+    @property
+    def half_open(self) -> int:
+        """Connections whose handshake has not completed."""
+        return len(self._half_open)
+
+    def _admit(self) -> bool:
+        if len(self._half_open) < self.max_half_open:
+            return True
+        self.refused_initials += 1
+        return False
+
     def _protocol_created(self, protocol: _Protocol) -> None:
         self._connections.add(protocol)
-        protocol._on_terminated = self._connections.discard
+        self._half_open.add(protocol)
+        protocol._on_terminated = self._forget
+        protocol._on_handshake_done = self._half_open.discard
+
+    def _forget(self, protocol: _Protocol) -> None:
+        self._connections.discard(protocol)
+        self._half_open.discard(protocol)
 
     def _spawn(self, channel: QuicChannel) -> None:
         if self._closing:
@@ -1391,7 +1595,8 @@ async def serve_quic(
         server._protocol_created(proto)
         return proto
 
-    aioquic_server = _AioquicServer(configuration=config, create_protocol=create_protocol)
+    server.max_half_open = tuning.max_half_open
+    aioquic_server = _Listener(configuration=config, create_protocol=create_protocol, admit=server._admit)
     transport = await _udp_endpoint(aioquic_server, host, port, tuning)
     bound = transport.get_extra_info("sockname")
     server._server = aioquic_server
@@ -1486,6 +1691,7 @@ async def connect_quic(
             close_timeout=close_timeout,
             fingerprint=fingerprint,
             target=target,
+            open_timeout=connect_timeout,
         )
         if connection is not None:
             return connection
@@ -1508,6 +1714,7 @@ async def _handshake(
     close_timeout: float,
     fingerprint: str | None,
     target: str,
+    open_timeout: float,
 ) -> QuicClientConnection | None:
     """One connection attempt: the connection, None on timeout, TransportError on any failure."""
     protocol = _Protocol(
@@ -1543,7 +1750,7 @@ async def _handshake(
                 await protocol.wait_closed()
         transport.close()
         raise failure.error()
-    return QuicClientConnection(protocol, transport)
+    return QuicClientConnection(protocol, transport, open_timeout=open_timeout)
 
 
 async def open_quic_channel(host: str, port: int, **options: Any) -> QuicChannel:
