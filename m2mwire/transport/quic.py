@@ -1175,15 +1175,16 @@ class _Protocol(QuicConnectionProtocol):
         self._failure = _Failure(
             f"QUIC handshake with {self.remote_address} not completed within {timeout:g} s"
         )
-        # A transport close (frame type given): aioquic forgets the connection after its closing
-        # period (three PTOs), which frees the state.
+        # A transport close (frame type given). aioquic forgets the connection after its closing
+        # period (three PTOs, about a second) and then reports ConnectionTerminated, which ends
+        # this protocol: until then it still counts as half-open, so max_half_open bounds the
+        # state held, closing connections included.
         self._quic.close(
             error_code=QuicErrorCode.CONNECTION_REFUSED,
             frame_type=QuicFrameType.PADDING,
             reason_phrase="handshake timeout",
         )
         self.transmit()
-        self._terminate(self._failure)
 
     def _on_keepalive(self) -> None:
         self._keepalive = None
