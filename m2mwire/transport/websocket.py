@@ -238,6 +238,7 @@ class _ClientConnection(_PushMixin, ClientConnection):
         super().__init__(*args, **kwargs)
         self._m2m_init()
         self._m2m_fingerprint = m2m_fingerprint
+        self.m2m_pin_checked = False
 
     async def handshake(self, *args: Any, **kwargs: Any) -> None:
         # The upgrade request carries the URL's path and query (often a token), Host and
@@ -245,6 +246,7 @@ class _ClientConnection(_PushMixin, ClientConnection):
         # it. websockets' connect() aborts the connection on this exception and re-raises it.
         if self._m2m_fingerprint is not None:
             _verify_pin(self.transport, self._m2m_fingerprint)
+            self.m2m_pin_checked = True
         await super().handshake(*args, **kwargs)
 
 
@@ -414,6 +416,14 @@ async def connect_websocket(
     except (OSError, InvalidHandshake, InvalidURI, TimeoutError) as exc:
         raise TransportError(f"could not open WebSocket {url}: {_open_failure(url, exc)}") from exc
     assert isinstance(conn, _ClientConnection)
+    if fingerprint is not None and not conn.m2m_pin_checked:
+        # Only if a websockets release stopped opening through handshake(): the pin is then
+        # checked late (after the upgrade) rather than never.
+        try:
+            _verify_pin(conn.transport, fingerprint)
+        except TransportError:
+            conn.transport.abort()
+            raise
     return WebSocketChannel(conn)
 
 
