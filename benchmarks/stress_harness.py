@@ -321,7 +321,11 @@ class Harness:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._sampler
 
-    async def close(self) -> None:
+    async def close(self, keep_log: Path | None = None) -> None:
+        if keep_log is not None and self.server is not None:
+            keep_log.mkdir(parents=True, exist_ok=True)
+            with contextlib.suppress(OSError):
+                (keep_log / f"{self.row.name}.log").write_bytes(self.server.log_path.read_bytes())
         if self.good is not None:
             await self.good.kill()
         if self.server is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import contextlib
 import json
 import os
@@ -69,6 +70,17 @@ def attack(
         return func
 
     return register
+
+
+_RANDOM: dict[int, str] = {}
+
+
+def random_text(size: int) -> str:
+    """``size`` characters of base64 of random bytes: text that no codec shrinks much, so an echo
+    of it is as large as what was sent."""
+    if size not in _RANDOM:
+        _RANDOM[size] = base64.b64encode(os.urandom(size * 3 // 4 + 3)).decode()[:size]
+    return _RANDOM[size]
 
 
 def short(exc: BaseException) -> str:
@@ -194,10 +206,10 @@ def avp_bomb(session_id: str, expanded: int, *, good_crc: bool = True) -> bytes:
             model_id=str(IDENTITY["model_id"]),
             hidden_dim=hidden,
             num_layers=int(IDENTITY["num_layers"]),
-            payload_type=0,
-            dtype=0,
+            payload_type=avp_pb2.HIDDEN_STATE,
+            dtype=avp_pb2.FLOAT32,
             tensor_shape=[expanded // (4 * hidden), hidden],
-            mode=0,
+            mode=avp_pb2.LATENT,
             compression="zstd",
             payload_checksum=crc if good_crc else crc ^ 1,
         ).SerializeToString()
@@ -256,9 +268,10 @@ async def a_avp_bomb_queued(h: Harness, scale: float) -> None:
     sent = 0
     for _ in range(count):
         try:
-            await ws.send_binary(frame, timeout=5)
+            if not await ws.send_binary(frame, timeout=5):
+                break
             sent += 1
-        except (TimeoutError, ConnectionError):
+        except TimeoutError:
             break
     messages, end = await read_all(ws, 5)
     h.row.outcome = (
@@ -273,24 +286,25 @@ async def a_inbox_bytes(h: Harness, scale: float) -> None:
     count = max(1, round(64 * scale))
     ws = await raw.RawWebSocket.open(h.url)
     await ws.handshake("sink-inbox")
-    body = raw.data(ws.session_id, "x" * (8 * MB), content_type="text").encode()
+    body = raw.data(ws.session_id, random_text(8 * MB), content_type="text").encode()
     chunk = raw.frame(raw.OP_TEXT, body)
     written = await flood(ws, chunk, count, limit_s=15, stall_s=2)
     await asyncio.sleep(1)
     h.row.outcome = f"{written}/{count} x 8 MiB written before the server pushed back ({written * 8} MiB)"
-    h.row.dropped = h.dropped_after("sink-inbox", h.elapsed())
     ws.abort()
 
 
 @attack("never-reads", "6", server_args=["--timers", json.dumps({**SHORT_TIMERS, **NEW_TIMERS})])
 async def a_never_reads(h: Harness, scale: float) -> None:
-    """8 MiB messages to an echo handler from a peer that never reads (timers ~11 s): dropped when?"""
-    count = max(1, round(40 * scale))
+    """80 x 8 MiB to an echo handler (more than the 64-message inbox) from a peer that never reads,
+    timers set to drop a silent peer in ~11 s: is it dropped, and when?"""
+    count = max(1, round(80 * scale))
     ws = await raw.RawWebSocket.open(h.url, rcvbuf=64 * KiB)
     await ws.handshake("echo-noread")
-    body = raw.data(ws.session_id, "y" * (8 * MB), content_type="text").encode()
+    ws.stop_reading()
+    body = raw.data(ws.session_id, random_text(8 * MB), content_type="text").encode()
     chunk = raw.frame(raw.OP_TEXT, body)
-    written = await flood(ws, chunk, count, limit_s=10, stall_s=2)
+    written = await flood(ws, chunk, count, limit_s=15, stall_s=2)
     waited = 25.0
     assert h.server is not None
     await h.server.wait_event(
@@ -303,16 +317,18 @@ async def a_never_reads(h: Harness, scale: float) -> None:
 
 @attack("ws-ping-flood", "7")
 async def a_ping_flood(h: Harness, scale: float) -> None:
-    """500 k PINGs (125-byte payloads) from a peer that never reads the PONGs."""
-    count = max(10_000, int(500_000 * scale))
+    """1.5 M PINGs (125-byte payloads) from a peer that never reads the PONGs, then 5 s idle."""
+    count = max(10_000, int(1_500_000 * scale))
     batch = 10_000
     ws = await raw.RawWebSocket.open(h.url, rcvbuf=64 * KiB)
     await ws.handshake("echo-pinger")
+    ws.stop_reading()
     chunk = raw.frame(raw.OP_PING, b"p" * 125) * batch
     started = time.monotonic()
     written = await flood(ws, chunk, count // batch, limit_s=15, stall_s=2) * batch
     took = time.monotonic() - started
     pushed_back = written < count and took < 15
+    await asyncio.sleep(5)  # still connected, still not reading: is it dropped?
     h.row.outcome = (
         f"{written:,}/{count:,} PINGs written in {took:.1f} s; server stopped reading: {pushed_back}"
     )
@@ -320,13 +336,30 @@ async def a_ping_flood(h: Harness, scale: float) -> None:
     ws.abort()
 
 
-async def fragmented(h: Harness, agent: str, split: Callable[[bytes], list[bytes]], label: str) -> None:
-    """Send one DATA message as a text message cut by ``split`` into fragments (a first frame, then
-    continuation frames), then read the echo."""
+async def read_echo(ws: raw.RawWebSocket, timeout: float) -> tuple[list[tuple[int, bytes]], str]:
+    """Messages until the first DATA echo, the end of the connection, or ``timeout``."""
+    messages: list[tuple[int, bytes]] = []
+    deadline = time.monotonic() + timeout
+    while (left := deadline - time.monotonic()) > 0:
+        try:
+            messages.append(await asyncio.wait_for(ws.recv_message(), left))
+        except TimeoutError:
+            break
+        except raw.ConnectionClosedError as exc:
+            return messages, f"ws close {exc.code} {exc.reason[:60]!r}"
+        if any(e.get("type") == "DATA" for e in envelopes(messages[-1:])):
+            return messages, "echoed"
+    return messages, f"no echo within {timeout:.0f} s"
+
+
+async def fragmented(
+    h: Harness, agent: str, pad: int, split: Callable[[bytes], list[bytes]], label: str
+) -> None:
+    """Send one DATA message (content padded with ``pad`` characters) as a text message cut by
+    ``split`` into fragments (a first frame, then continuation frames), then wait for the echo."""
     ws = await raw.RawWebSocket.open(h.url)
     await ws.handshake(agent)
-    content = json.dumps({"hello": "fragments", "pad": "z" * 64})
-    pieces = split(raw.data(ws.session_id, content).encode())
+    pieces = split(raw.data(ws.session_id, json.dumps({"pad": "z" * pad}), content_type="json").encode())
     blob = b"".join(
         [
             raw.frame(raw.OP_TEXT, pieces[0], fin=False),
@@ -346,36 +379,29 @@ async def fragmented(h: Harness, agent: str, split: Callable[[bytes], list[bytes
             ws.abort()
             return
     sent_in = time.monotonic() - started
-    messages, end = await read_all(ws, 20)
-    delivered = any(e.get("type") == "DATA" for e in envelopes(messages))
+    messages, end = await read_echo(ws, 20)
     h.row.outcome = (
-        f"{label} ({len(blob) / MB:.0f} MB on the wire, {sent_in:.1f} s): "
-        f"{'echoed' if delivered else 'not echoed'}; {close_of(messages)}; {end}"
+        f"{label} ({len(blob) / MB:.1f} MB on the wire, written in {sent_in:.1f} s): {end} "
+        f"{time.monotonic() - started:.1f} s after the first byte; {close_of(messages)}"
     )
     ws.abort()
 
 
 @attack("empty-fragments", "8")
 async def a_empty_fragments(h: Harness, scale: float) -> None:
-    """One small DATA message split by 1 M empty continuation frames."""
-    count = max(1000, int(1_000_000 * scale))
-    await fragmented(
-        h, "echo-frag-empty", lambda b: [b[:10], *([b""] * count), b[10:]], f"{count:,} empty fragments"
-    )
+    """One small DATA message split by 3 M empty continuation frames."""
+    count = max(1000, int(3_000_000 * scale))
+    label = f"{count:,} empty fragments"
+    await fragmented(h, "echo-frag-empty", 16, lambda b: [b[:10], *([b""] * count), b[10:]], label)
 
 
 @attack("tiny-fragments", "8")
 async def a_tiny_fragments(h: Harness, scale: float) -> None:
-    """A 1.5 MB DATA message in 750 k two-byte fragments."""
-    count = max(1000, int(750_000 * scale))
-
-    def split(envelope: bytes) -> list[bytes]:
-        # Pad the content so the envelope is 2 x count bytes (even: every fragment is 2 bytes).
-        pad = b"z" * (2 * count - len(envelope) + len(envelope) % 2)
-        env = envelope.replace(b'"pad":"', b'"pad":"' + pad)
-        return [env[i : i + 2] for i in range(0, len(env), 2)]
-
-    await fragmented(h, "echo-frag-tiny", split, f"{count:,} two-byte fragments")
+    """A 3 MB DATA message in 1.5 M two-byte fragments."""
+    count = max(1000, int(1_500_000 * scale))
+    label = f"{count:,} two-byte fragments"
+    split = lambda b: [b[i : i + 2] for i in range(0, len(b), 2)]  # noqa: E731
+    await fragmented(h, "echo-frag-tiny", 2 * count, split, label)
 
 
 def empty_objects_json(limit_bytes: int) -> tuple[str, int]:
@@ -403,17 +429,18 @@ async def a_json_objects(h: Harness, scale: float) -> None:
 
 
 def t1_bomb(limit_bytes: int) -> str:
-    """A ``#T1|`` wire of abbreviated keys (one object: 39 bytes -> 113 expanded), about limit_bytes."""
+    """A ``#T1|`` wire of abbreviated keys (one object: 39 bytes -> 113 expanded) whose DATA envelope
+    (where every quote is escaped) is about ``limit_bytes``."""
     obj = '{"f":0,"P":0,"x":0,"T":0,"rf":0,"fc":0}'
     inner = "[" + ",".join([obj] * 10_000) + "]"
-    k = max(1, (limit_bytes - 200) // (len(inner) + 1))
+    k = max(1, (limit_bytes - 400) // (len(json.dumps(inner)) - 1))
     return "#T1|[" + ",".join([inner] * k) + "]"
 
 
 @attack("t1-expansion", "10")
 async def a_t1(h: Harness, scale: float) -> None:
-    """A 14 MB T1 message whose keys expand ~2.9x, over the 16 MiB limit."""
-    size = max(MB, min(15 * MB, int(14 * MB * scale)))
+    """A T1 message just under the 16 MiB limit whose keys expand ~2.9x, far over it."""
+    size = max(MB, min(16 * MB, int(16 * MB * scale)))
     ws = await raw.RawWebSocket.open(h.url)
     await ws.handshake("echo-t1")
     wire = t1_bomb(size)
@@ -435,7 +462,10 @@ async def a_closed_sessions(h: Harness, scale: float) -> None:
     for r in range(rounds):
         ws = await raw.RawWebSocket.open(h.url, rcvbuf=64 * KiB)
         await ws.handshake(f"echo-round{r}")
-        chunk = raw.frame(raw.OP_TEXT, raw.data(ws.session_id, "w" * (8 * MB), content_type="text").encode())
+        ws.stop_reading()
+        chunk = raw.frame(
+            raw.OP_TEXT, raw.data(ws.session_id, random_text(8 * MB), content_type="text").encode()
+        )
         await flood(ws, chunk, 40, limit_s=8, stall_s=1)
         ws.abort()
         await h.server.wait_event(lambda e, r=r: e["event"] == "end" and e["peer"] == f"echo-round{r}", 5)
@@ -486,7 +516,7 @@ async def a_unknown_types(h: Harness, scale: float) -> None:
     chunk = raw.frame(raw.OP_TEXT, one) * batch
     written = await flood(ws, chunk, count // batch, limit_s=15, stall_s=5) * batch
     await ws.send_text(raw.data(ws.session_id, json.dumps({"still": "here"})))
-    messages, end = await read_all(ws, 15)
+    messages, end = await read_echo(ws, 15)
     echoed = any(e.get("type") == "DATA" for e in envelopes(messages))
     h.row.outcome = (
         f"{written:,} unknown-type messages; then a DATA {'echoed' if echoed else 'NOT echoed'}; {end}"
@@ -525,7 +555,7 @@ async def a_quic_flood(h: Harness, scale: float) -> None:
     sock.close()
     await asyncio.sleep(5)
     await h.stop_good()
-    after = await h.server.command("count QuicConnection", "count", 60)
+    after = await h.server.command("count aioquic.quic.connection:QuicConnection", "count", 60)
     held = after["n"] if after else "?"
     h.row.outcome = f"{sent:,} packets in {took:.1f} s; QuicConnection objects 5 s later: {held}"
 
@@ -533,7 +563,7 @@ async def a_quic_flood(h: Harness, scale: float) -> None:
 @attack("quic-no-stream", "13", transport="quic", server_args=["--idle-timeout", "5"])
 async def a_quic_no_stream(h: Harness, scale: float) -> None:
     """A QUIC connection that completes its handshake, PINGs, and never opens a stream (idle 5 s)."""
-    from aioquic.asyncio import connect
+    from aioquic.asyncio.client import connect
     from aioquic.quic.configuration import QuicConfiguration
 
     port = int(h.url.rsplit(":", 1)[1])
@@ -661,14 +691,22 @@ async def a_handler_raises(h: Harness, scale: float) -> None:
 
 @attack("peer-vanishes", "17")
 async def a_peer_vanishes(h: Harness, scale: float) -> None:
-    """A peer that vanishes mid-session (TCP reset): does the server log a handler ERROR?"""
+    """Peers that vanish (TCP reset) while idle, and while the server is writing an echo to them:
+    does the server log a handler ERROR?"""
     assert h.server is not None
-    for i in range(3):
-        ws = await raw.RawWebSocket.open(h.url)
+    big = random_text(4 * MB)
+    for i in range(4):
+        ws = await raw.RawWebSocket.open(h.url, rcvbuf=64 * KiB)
         await ws.handshake(f"echo-vanish{i}")
-        await ws.send_text(raw.data(ws.session_id, json.dumps({"i": i})))
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(ws.recv_message(), 5)
+        if i % 2 == 0:  # idle: the handler waits in recv()
+            await ws.send_text(raw.data(ws.session_id, json.dumps({"i": i})))
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(ws.recv_message(), 5)
+        else:  # the handler is blocked writing echoes nobody reads
+            ws.stop_reading()
+            for _ in range(3):
+                await ws.send_text(raw.data(ws.session_id, big, content_type="text"))
+            await asyncio.sleep(0.5)
         ws.writer.transport.get_extra_info("socket").setsockopt(
             socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
         )
@@ -676,7 +714,35 @@ async def a_peer_vanishes(h: Harness, scale: float) -> None:
     await asyncio.sleep(1.5)
     log = h.server.log_tail(h.log_base)
     errors = sum(1 for line in log.splitlines() if line.startswith("ERROR"))
-    h.row.outcome = f"3 peers reset: {errors} ERROR lines, Traceback in log: {'Traceback' in log}"
+    h.row.outcome = f"4 peers reset: {errors} ERROR lines, Traceback in log: {'Traceback' in log}"
+
+
+@attack("peer-vanishes-quic", "17", transport="quic")
+async def a_peer_vanishes_quic(h: Harness, scale: float) -> None:
+    """QUIC peers whose connection goes away under an open session (idle, and mid-echo): ERROR logged?"""
+    assert h.server is not None
+    big = random_text(4 * MB)
+    for i in range(4):
+        conn = await m2mwire.open_quic_connection(h.url, fingerprint=h.server.fingerprint)
+        session = await m2mwire.connect(
+            h.url, connection=conn, agent_id=f"echo-qvanish{i}", algorithms=["none"]
+        )
+        if i % 2 == 0:
+            await session.send({"i": i})
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(session.recv(), 5)
+        else:
+            for _ in range(3):
+                with contextlib.suppress(Exception):
+                    await asyncio.wait_for(session.send(big), 5)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(conn.close(), 5)  # the connection goes; the session never said CLOSE
+    await asyncio.sleep(1.5)
+    log = h.server.log_tail(h.log_base)
+    errors = sum(1 for line in log.splitlines() if line.startswith("ERROR"))
+    h.row.outcome = (
+        f"4 connections closed under their session: {errors} ERROR lines, Traceback: {'Traceback' in log}"
+    )
 
 
 @attack("sender-limits", "18")
@@ -747,7 +813,7 @@ async def a_wss_pin(h: Harness, scale: float) -> None:
 ATTACK_LIMIT_S = 60.0  # a bound on any one attack, whatever the code under test does
 
 
-async def run_attack(a: Attack, scale: float) -> Row:
+async def run_attack(a: Attack, scale: float, keep_logs: Path | None) -> Row:
     row = Row(a.name, a.item, a.transport)
     h = Harness(row)
     started = time.monotonic()
@@ -766,7 +832,7 @@ async def run_attack(a: Attack, scale: float) -> Row:
             await asyncio.wait_for(h.finish(), 30)
         except Exception as exc:
             row.error = (row.error + "; " if row.error else "") + f"finish: {short(exc)}"
-        await h.close()
+        await h.close(keep_logs)
     row.seconds = time.monotonic() - started
     return row
 
@@ -818,7 +884,7 @@ async def main_async(args: argparse.Namespace) -> list[Row]:
     rows = []
     for a in chosen:
         print(f"-- {a.name} (item {a.item}): {a.doc}", file=sys.stderr, flush=True)
-        row = await run_attack(a, args.scale)
+        row = await run_attack(a, args.scale, Path(args.keep_logs) if args.keep_logs else None)
         lost = f"{row.good_lost}/{row.good_sent}" if row.good_lost is not None else "-"
         print(
             f"   peak +{fmt(row.rss_peak_mb)} MB, stall {fmt(row.stall_ms)} ms, lost {lost}, "
@@ -837,6 +903,7 @@ def main() -> int:
     parser.add_argument("--only", help="comma-separated attack names (see --list)")
     parser.add_argument("--scale", type=float, default=1.0, help="multiply attack sizes/counts (default 1)")
     parser.add_argument("--json", metavar="OUT", help="also write the rows as JSON to OUT")
+    parser.add_argument("--keep-logs", metavar="DIR", help="keep each attack's server log as DIR/NAME.log")
     parser.add_argument("--list", action="store_true", help="list the attacks and exit")
     args = parser.parse_args()
     if args.list:

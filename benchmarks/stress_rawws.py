@@ -93,6 +93,7 @@ class RawWebSocket:
         self.writer = writer
         self.session_id = ""
         self.close_code: int | None = None
+        self.write_error = ""  # set when a write failed because the server closed or reset
 
     @classmethod
     async def open(cls, url: str, *, rcvbuf: int | None = None, timeout: float = 10.0) -> RawWebSocket:
@@ -103,7 +104,9 @@ class RawWebSocket:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
         sock.setblocking(False)
         await asyncio.wait_for(asyncio.get_running_loop().sock_connect(sock, (host, port)), timeout)
-        reader, writer = await asyncio.open_connection(sock=sock, limit=1 << 26)
+        # asyncio's StreamReader reads ahead in the background until 2 x limit is buffered: keep that
+        # small (the default 64 KiB), and stop_reading() for a peer that must not read at all.
+        reader, writer = await asyncio.open_connection(sock=sock)
         key = base64.b64encode(os.urandom(16)).decode()
         path = parts.path or "/"
         writer.write(
@@ -131,16 +134,24 @@ class RawWebSocket:
     async def drain(self, timeout: float | None = None) -> None:
         await asyncio.wait_for(self.writer.drain(), timeout)
 
-    async def send_text(self, text: str, timeout: float | None = 30.0) -> None:
-        body = text.encode()
-        self.writer.write(frame_header(OP_TEXT, len(body)))
-        self.writer.write(body)
-        await self.drain(timeout)
+    async def send_text(self, text: str, timeout: float | None = 30.0) -> bool:
+        return await self.send_frame(OP_TEXT, text.encode(), timeout)
 
-    async def send_binary(self, body: bytes, timeout: float | None = 30.0) -> None:
-        self.writer.write(frame_header(OP_BINARY, len(body)))
-        self.writer.write(body)
-        await self.drain(timeout)
+    async def send_binary(self, body: bytes, timeout: float | None = 30.0) -> bool:
+        return await self.send_frame(OP_BINARY, body, timeout)
+
+    async def send_frame(self, opcode: int, body: bytes, timeout: float | None) -> bool:
+        """Write one frame and wait until it is taken (``timeout`` raises TimeoutError); False when
+        the server has closed the connection (``write_error`` says how): a hardened server may cut
+        an attacker off mid-write, and reading then shows why."""
+        try:
+            self.writer.write(frame_header(opcode, len(body)))
+            self.writer.write(body)
+            await self.drain(timeout)
+        except ConnectionError as exc:
+            self.write_error = f"{type(exc).__name__}: {exc}"
+            return False
+        return True
 
     async def recv_frame(self) -> tuple[int, bool, bytes]:
         """(opcode, fin, payload) of the next frame; EOF raises ConnectionClosedError(None)."""
@@ -176,6 +187,12 @@ class RawWebSocket:
     async def recv_text(self) -> str:
         _, body = await self.recv_message()
         return body.decode()
+
+    def stop_reading(self) -> None:
+        """Read nothing more from the socket: the kernel's receive window fills, then the server's."""
+        transport = self.writer.transport
+        assert isinstance(transport, asyncio.Transport)  # a socket's: it reads as well as writes
+        transport.pause_reading()
 
     def abort(self) -> None:
         transport = self.writer.transport

@@ -14,7 +14,8 @@ reads, raises or ignores its session):
 Standard output carries one JSON object per line (``event``: ``url``, ``open``, ``end``, ``stats``,
 ``aclosed``), with ``t`` = ``time.monotonic()``, which is system-wide on Linux, so the driver can
 compare it with its own clock. Standard input takes commands, one per line: ``stats``, ``gc`` (run
-the cycle collector, then ``stats``), ``count NAME`` (live objects whose type is called NAME),
+the cycle collector, then ``stats``), ``count MODULE:CLASS`` (live instances
+of that class),
 ``aclose SECONDS`` (time ``Server.aclose()``, giving up after SECONDS) and ``quit``. The log goes to
 standard error at INFO, as ``m2mwire serve`` logs.
 """
@@ -26,6 +27,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import importlib
 import json
 import logging
 import sys
@@ -67,6 +69,7 @@ async def _echo(session: Session) -> None:
             assert message.avp is not None
             await session.send(message.avp)
         else:
+            assert message.text is not None  # kind "text" carries text
             await session.send(message.text)
 
 
@@ -130,8 +133,13 @@ async def _commands(server: Server) -> None:
         if cmd in ("stats", "gc"):
             emit("stats", active=server.active_sessions, **_status_kb())
         elif cmd == "count":
-            name = words[1]
-            emit("count", name=name, n=sum(1 for o in gc.get_objects() if type(o).__name__ == name))
+            module, _, name = words[1].partition(":")
+            try:
+                cls = getattr(importlib.import_module(module), name)
+                n = sum(1 for o in gc.get_objects() if isinstance(o, cls))
+            except (ImportError, AttributeError):
+                n = -1
+            emit("count", name=words[1], n=n)
         elif cmd == "aclose":
             started = time.monotonic()
             try:
