@@ -1,8 +1,9 @@
 """Brotli (``#M2M[v3.0]|DATA:``, also read as ``#BR|``) and the deprecated zlib v2.0 (``#M2M[v2.0]|DATA:``).
 
 Both are padded standard base64 of a compressed stream of the UTF-8 content. Decompression is
-incremental with a hard cap (``Limits.max_output_bytes``), so a kilobyte-sized bomb cannot allocate
-more than about the cap plus one output chunk. zlib v2.0 is decoded for backwards compatibility only,
+incremental with a hard cap (``Limits.max_output_bytes``, which a session lowers to its negotiated
+max_payload), so a kilobyte-sized bomb cannot allocate more than about the cap plus two output chunks
+(2 MiB). zlib v2.0 is decoded for backwards compatibility only,
 with a logged warning, and is never emitted.
 """
 
@@ -64,6 +65,9 @@ def brotli_decompress(data: bytes, limit: int) -> bytes:
     parts: list[bytes] = []
     total = 0
     try:
+        # Each call stops once its output buffer reaches the chunk size; the binding grows that buffer
+        # in doubling blocks, so one call may return up to about twice the chunk (never more), and
+        # ``total`` passes ``limit`` by at most that much before the check below refuses it.
         out = decompressor.process(data, output_buffer_limit=min(limit + 1, _OUTPUT_CHUNK))
         while True:
             total += len(out)
@@ -71,7 +75,12 @@ def brotli_decompress(data: bytes, limit: int) -> bytes:
             parts.append(out)
             if decompressor.is_finished():
                 break
-            if decompressor.can_accept_more_data():
+            # All input is handed over in the first call, so a call that produced nothing without
+            # finishing means the decoder is waiting for input that will never come. A call that
+            # produced output may have stopped at the buffer limit with more output pending inside
+            # the decoder (can_accept_more_data() is True then too: it only says whether *input* is
+            # left over), so it is followed by another call with no input.
+            if not out:
                 raise DecodeError("truncated Brotli stream: the data ends before the end of the stream")
             out = decompressor.process(b"", output_buffer_limit=min(limit - total + 1, _OUTPUT_CHUNK))
     except brotli.error as exc:
