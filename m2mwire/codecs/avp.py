@@ -70,6 +70,7 @@ __all__ = [
     "float32_to_bfloat16",
     "frame_length",
     "parse_header",
+    "payload_size",
 ]
 
 MAGIC: Final = b"AV"
@@ -512,9 +513,10 @@ def _compress(chunks: Sequence[memoryview], total: int, level: int) -> list[byte
         raise EncodeError(f"zstd compression at level {level} failed: {exc}") from exc
 
 
-def _decompress(data: memoryview, cap: int) -> memoryview:
+def _content_size(data: BufferLike) -> int:
+    """The decompressed size a zstd frame announces in its header (read without decompressing)."""
     try:
-        size = zstandard.frame_content_size(data)
+        size: int = zstandard.frame_content_size(data)
     except zstandard.ZstdError as exc:
         raise DecodeError(f"AVP payload is flagged compressed but is not a zstd frame: {exc}") from exc
     if size < 0:
@@ -522,7 +524,21 @@ def _decompress(data: memoryview, cap: int) -> memoryview:
             "AVP zstd frame has no content size in its header (the SDK cannot decode such frames either); "
             "compress with ZstdCompressor.compress() or a pledged size"
         )
+    return size
+
+
+def _decompress(data: memoryview, cap: int, expected: int | None = None) -> memoryview:
+    """Decompress the one zstd frame of a payload, after checking its announced size against ``cap``
+    and, for a hidden state with a shape, against the ``expected`` size (shape x itemsize). Both are
+    known before any output exists, so a bomb costs nothing but its own bytes; the one-shot
+    decompression then writes into a buffer of exactly that size (zstd refuses output beyond it)."""
+    size = _content_size(data)
     check_size("decompressed AVP payload", size, cap)
+    if expected is not None and size != expected:
+        raise DecodeError(
+            f"AVP zstd frame announces {size} bytes but the tensor_shape needs {expected}: refused "
+            "before decompressing"
+        )
     dctx = _decompressor()
     try:
         if size == 0:
@@ -921,6 +937,22 @@ def frame_length(data: BufferLike) -> int:
     return parse_header(data).frame_length
 
 
+def payload_size(data: BufferLike) -> int:
+    """The size of a frame's payload once decompressed, read from the headers only.
+
+    For an uncompressed frame it is the payload as sent; for a compressed one it is the size the zstd
+    frame announces (which :func:`decode` holds it to). A session checks this against its negotiated
+    max_payload on both sides, so sender and receiver bound the same quantity.
+    """
+    mv = _input_view(data)
+    header = _parse_header(mv)
+    meta_end = HEADER_SIZE + header.metadata_length
+    end = HEADER_SIZE + header.payload_length
+    if not header.flags & FLAG_COMPRESSED:
+        return end - meta_end
+    return _content_size(mv[meta_end:end])
+
+
 def decode(
     data: BufferLike,
     *,
@@ -983,7 +1015,12 @@ def decode(
         if pb.HasField("compression") and pb.compression != "zstd":
             raise DecodeError(f"unsupported AVP compression {pb.compression!r} (only zstd is defined)")
         cap = DEFAULT_MAX_OUTPUT_BYTES if max_output_bytes is None else max_output_bytes
-        payload = _decompress(body, cap)
+        expected = None
+        if pt == 0 and pb.tensor_shape:  # a hidden state's size is its shape times its itemsize
+            expected = _shape_bytes(tuple(pb.tensor_shape), _ITEMSIZE[dt], cap)
+            if expected > cap:
+                check_size("AVP tensor_shape", expected, cap)
+        payload = _decompress(body, cap, expected)
     else:
         if pb.compression:
             raise DecodeError(

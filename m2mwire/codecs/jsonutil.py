@@ -11,18 +11,28 @@
 * **strings** - the UTF-8 byte length of every string, object keys included;
 * **arrays** - the element count of every array.
 
-A violation raises :class:`~m2mwire.errors.LimitExceeded` naming the limit and the JSON path of the
-offending value (``$.messages[3].content``; keys that are not identifiers are written ``$["a b"]``).
-Documents nested more than ``_PRESCAN_DEPTH`` levels are refused by a pre-scan before the parser
-runs (the message then gives the depth found, not a path), so hostile input such as 100,000 ``[`` never
-reaches a recursive parser.
+A violation raises :class:`~m2mwire.errors.LimitExceeded` naming the limit and, for texts up to
+``_DETAIL_BELOW`` bytes, the JSON path of the offending value (``$.messages[3].content``; keys that
+are not identifiers are written ``$["a b"]``).
+
+The limits are enforced **before** the parser materialises anything (issue 11.9: a 16 MiB array of
+5.6 M empty objects used to be parsed, +447 MB and 2.9 s, and only then refused). Byte counts settle
+the usual case at once (nesting <= opening brackets, elements <= commas + 1, a string <= the text);
+otherwise :func:`_scan` measures the exact depth and every array's length from the bytes (numpy, in
+slices: a few bytes of memory per byte of text) and refuses the text unparsed. Only a text whose
+strings add up to more than ``max_string_bytes`` is walked after parsing, for its string lengths
+(its strings are then most of it, so the walk is short). Hostile input such as 100,000 ``[`` never
+reaches the recursive parser. :func:`check_json_text` is that whole check without the parse: the
+session's sender runs it on what it is about to send, so both ends enforce one set of rules.
+
+:func:`json_cost` estimates what a parsed value holds in memory, so that queued messages can be
+accounted by their decoded cost.
 """
 
 from __future__ import annotations
 
 import re
-from itertools import accumulate
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 
@@ -34,16 +44,10 @@ __all__ = ["check_json_limits", "dumps_compact", "json_path", "loads_limited"]
 _json_decode = msgspec.json.decode
 _json_encode = msgspec.json.encode
 
-# Up to this many opening brackets the nesting cannot exceed this depth, so no pre-scan is needed;
-# msgspec parses 256 levels comfortably (it raises RecursionError cleanly far beyond that, which we
-# also catch). Deeper texts are measured by the pre-scan and refused before parsing.
-_PRESCAN_DEPTH = 256
-
-# A JSON string (unrolled loop: fast in `re`); removed before counting brackets.
-_STRING_RE = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
-_NOT_BRACKETS = bytes(b for b in range(256) if b not in b"[]{}")
-# Bracket byte -> +1 / -1, so depth is a running sum (all in C: translate, map, accumulate, max).
-_BRACKET_DELTA = tuple(1 if b in b"[{" else -1 if b in b"]}" else 0 for b in range(256))
+# A refused text up to this size is parsed (cheaply) to name the JSON path of the violation.
+_DETAIL_BELOW = 64 * 1024
+# The scan works on slices of this many bytes, so its temporaries stay small whatever the text.
+_SCAN_CHUNK = 1 << 20
 
 _IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
@@ -157,23 +161,124 @@ def check_json_limits(obj: Any, *, limits: Limits = DEFAULT_LIMITS, what: str = 
         ) from None
 
 
-def _prescan_depth(data: bytes) -> int:
-    """Exact nesting depth of a (valid) JSON text, computed without recursion. Strings are removed first
-    so brackets inside them do not count; on malformed text the result is only an estimate, which is
-    fine because the parser rejects such text anyway."""
-    brackets = _STRING_RE.sub(b"", data).translate(None, _NOT_BRACKETS)
-    if not brackets:
-        return 0
-    return max(accumulate(map(_BRACKET_DELTA.__getitem__, brackets)))
+def json_cost(data: bytes) -> int:
+    """Estimated bytes that the parsed value of the JSON text ``data`` holds in memory (upper bound).
 
-
-def loads_limited(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS, what: str = "JSON") -> Any:
-    """Parse untrusted JSON text under ``limits`` (see the module docstring for how each is measured).
-
-    Raises :class:`DecodeError` for malformed JSON (with the parser's byte position), invalid UTF-8, lone
-    surrogates, or numbers outside the float range; :class:`LimitExceeded` for a limit, with the JSON path.
-    Never returns a partial result; never lets RecursionError escape.
+    From byte counts alone (bytes inside strings count too, which only over-estimates): CPython holds
+    up to 184 bytes per small dict, 64 per list (56 + a pointer in its parent), 57 per string on top
+    of its characters (up to 4 bytes each), 40 per object member (its slot) and 40 per comma (a pointer
+    and a number). For every shape measured the estimate is 1.2-5x the real cost: 3x for
+    ``[{},{},...]`` (24 bytes held per text byte, the worst ratio), 1.35x for objects with one key
+    each, 1.3x for the sample chat corpus (mostly non-ASCII).
     """
+    count = data.count
+    # A str stores every character in 1, 2 or 4 bytes, the widest one deciding: one emoji in ASCII
+    # text quadruples it. ASCII JSON text is held at most once over, any other up to 4 times.
+    return (
+        len(data) * (1 if data.isascii() else 4)
+        + 184 * count(b"{")
+        + 64 * count(b"[")
+        + 57 * (count(b'"') >> 1)
+        + 40 * (count(b":") + count(b","))
+    )
+
+
+class ParsedJSON(NamedTuple):
+    """A parsed JSON text and its decoded cost (:func:`json_cost`)."""
+
+    value: Any
+    cost: int
+
+
+# bytes.translate tables (C speed): structural byte -> 1 else 0; bracket -> +1/-1 as int8; opener or
+# comma -> 1 (the tokens of an array "row", see _scan).
+_STRUCTURAL = bytes(1 if b in b"[]{}," else 0 for b in range(256))
+_NOT_STRUCTURAL = bytes(b for b in range(256) if b not in b"[]{},")
+_DELTA = bytes(1 if b in b"[{" else 255 if b in b"]}" else 0 for b in range(256))
+_ROW = bytes(1 if b in b"[{," else 0 for b in range(256))
+
+
+def _scan(data: bytes, limits: Limits, what: str) -> int:
+    """Exact nesting depth and array lengths of a JSON text, measured without parsing it.
+
+    Returns the number of bytes inside strings (an upper bound of any one string's UTF-8 size); raises
+    :class:`LimitExceeded` for a depth or an array over the limits and :class:`DecodeError` for a
+    bracket that closes more than was opened. Exact for valid JSON; for invalid JSON any verdict
+    will do, as the parser refuses such text anyway.
+
+    Strings: escape pairs are blanked with two ``bytes.replace`` calls, ``\\`` first (left to right,
+    so a run of backslashes pairs up exactly as a JSON reader pairs it; a lone one left escapes the
+    next byte), after which every quote is real and a running XOR of quote bits marks the bytes inside
+    strings. The structural bytes outside strings (``[]{},``) give the depth as a running sum. An
+    array's elements are the commas at its own level, +1: on each level holding enough commas, that
+    level's openers and commas read like ``[,,,{,[,,`` and a regex looks for ``[`` followed by
+    ``max_array_elements`` commas. Work is in 1 MiB slices; memory is a few bytes per structural byte.
+    """
+    import numpy as np  # imported here: only large or bracket-heavy texts are scanned
+
+    text = data.replace(b"\\\\", b"__").replace(b'\\"', b"__") if b"\\" in data else data
+    tokens = bytearray()  # grown in place: no list of slices joined at the end (half the peak)
+    carry = 0
+    inside_total = 0
+    for start in range(0, len(text), _SCAN_CHUNK):
+        piece = text[start : start + _SCAN_CHUNK]
+        if not carry and b'"' not in piece:
+            tokens += piece.translate(None, _NOT_STRUCTURAL)
+            continue
+        inside = np.bitwise_xor.accumulate(np.frombuffer(piece, dtype=np.uint8) == 0x22)
+        if carry:  # a string that spans slices
+            np.logical_not(inside, out=inside)
+        carry = int(inside[-1])
+        inside_total += int(np.count_nonzero(inside))
+        keep = np.frombuffer(piece.translate(_STRUCTURAL), dtype=np.bool_) & ~inside
+        tokens += np.frombuffer(piece, dtype=np.uint8)[keep].data
+    small = limits.max_json_depth < 126
+    level = np.empty(len(tokens), dtype=np.int8 if small else np.int32)
+    depth = top = 0
+    for start in range(0, len(tokens), _SCAN_CHUNK):
+        step = np.frombuffer(tokens[start : start + _SCAN_CHUNK].translate(_DELTA), dtype=np.int8)
+        d = np.cumsum(step, dtype=np.int32)  # int32: numpy's int8 -> int64 accumulation is 30x slower
+        d += depth
+        depth = int(d[-1])
+        top = max(top, int(d.max()))
+        if int(d.min()) < 0:
+            raise DecodeError(f"{what} is not valid JSON: a bracket closes more than was opened")
+        if top > limits.max_json_depth:
+            raise LimitExceeded(
+                f"{what} nests at least {top} levels deep, over max_json_depth={limits.max_json_depth}",
+                limit=limits.max_json_depth,
+                actual=top,
+            )
+        # An opener's level is the depth after it, a comma's the depth it is at, a closer's the depth
+        # before it: each container's opener, commas and closer share one level.
+        d -= step >> 1  # -1 for a closer (arithmetic shift), 0 otherwise
+        level[start : start + _SCAN_CHUNK] = d
+    n = limits.max_array_elements
+    t = np.frombuffer(tokens, dtype=np.uint8)
+    per_level = np.zeros(top + 2, dtype=np.int64)  # commas per level, counted in slices (bincount
+    for start in range(0, len(t), _SCAN_CHUNK):  # widens its input to 8 bytes per element)
+        at = level[start : start + _SCAN_CHUNK][t[start : start + _SCAN_CHUNK] == 0x2C]
+        per_level += np.bincount(at.view(np.uint8) if small else at, minlength=top + 2)[: top + 2]
+    crowded = np.flatnonzero(per_level >= n)
+    long_array = re.compile(b"\\[,{%d}" % n)
+    for lvl in crowded:
+        row = bytearray()  # this level's openers and commas, in order, gathered in slices
+        for start in range(0, len(t), _SCAN_CHUNK):
+            mask = np.frombuffer(tokens[start : start + _SCAN_CHUNK].translate(_ROW), dtype=np.bool_)
+            mask &= level[start : start + _SCAN_CHUNK] == lvl
+            row += t[start : start + _SCAN_CHUNK][mask].data
+        if long_array.search(row):
+            raise LimitExceeded(
+                f"{what} has an array of more than {n} elements (at depth {int(lvl)}), "
+                f"over max_array_elements={n}",
+                limit=n,
+                actual=n + 1,
+            )
+    return inside_total
+
+
+def _size_of(text: str | bytes, limits: Limits, what: str) -> bytes:
+    """The UTF-8 bytes of ``text``, refused when over ``max_message_bytes`` (a long str before encoding)."""
     if isinstance(text, str):
         # Characters <= UTF-8 bytes, so an over-long str is refused before it is encoded.
         if len(text) > limits.max_message_bytes:
@@ -198,17 +303,12 @@ def loads_limited(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS, what: s
             limit=limits.max_message_bytes,
             actual=len(data),
         )
-    openers = data.count(b"[") + data.count(b"{")
-    if openers > _PRESCAN_DEPTH:
-        depth = _prescan_depth(data)
-        if depth > limits.max_json_depth and depth > _PRESCAN_DEPTH:
-            raise LimitExceeded(
-                f"{what} nests {depth} levels deep, over max_json_depth={limits.max_json_depth}",
-                limit=limits.max_json_depth,
-                actual=depth,
-            )
+    return data
+
+
+def _parse(data: bytes, limits: Limits, what: str) -> Any:
     try:
-        obj = _json_decode(data)
+        return _json_decode(data)
     except msgspec.DecodeError as exc:  # includes ValidationError ("Number out of range")
         raise DecodeError(f"{what} is not valid JSON: {exc}") from None
     except UnicodeDecodeError as exc:
@@ -218,16 +318,71 @@ def loads_limited(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS, what: s
             f"{what} is nested too deeply to parse (max_json_depth={limits.max_json_depth})",
             limit=limits.max_json_depth,
         ) from None
-    # Skip the structure walk when byte counts already prove every limit holds (the usual case for chat
-    # messages): nesting <= number of opening brackets, array length <= commas + 1, any string <= size.
-    if not (
-        openers <= limits.max_json_depth
-        and len(data) <= limits.max_string_bytes
-        and data.count(b",") < limits.max_array_elements
-        and limits.max_json_depth >= 1
-    ):
+
+
+def _check_bytes(data: bytes, limits: Limits, what: str) -> tuple[int, bool]:
+    """Depth and array limits of a JSON text, before parsing; returns (decoded cost, whether the
+    parsed value still needs the structure walk for its string lengths or for tiny limits)."""
+    openers = data.count(b"[") + data.count(b"{")
+    commas = data.count(b",")
+    cost = json_cost(data)
+    if limits.max_json_depth < 1 or limits.max_array_elements < 1:
+        return cost, True  # limits that refuse even [] or a scalar: left to the walk (tiny texts)
+    # Byte counts prove the common case: nesting <= openers, any array <= commas + 1 elements,
+    # any string <= the text (escapes only shrink a string).
+    if openers <= limits.max_json_depth and commas < limits.max_array_elements:
+        return cost, len(data) > limits.max_string_bytes
+    try:
+        inside = _scan(data, limits, what)
+    except LimitExceeded:
+        if len(data) <= _DETAIL_BELOW:
+            _detail(data, limits, what)  # raises the same violation with its JSON path
+        raise
+    return cost, inside > limits.max_string_bytes
+
+
+def _detail(data: bytes, limits: Limits, what: str) -> None:
+    """For a small refused text: parse it and walk it, to raise the violation with its JSON path."""
+    try:
+        obj = _json_decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
+        return  # the scan's own error stands
+    check_json_limits(obj, limits=limits, what=what)
+
+
+def check_json_text(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS, what: str = "JSON") -> int:
+    """Check a JSON text against every limit (size, depth, arrays, strings) without keeping a parse.
+
+    The one check both ends of a session apply: the receiver through :func:`parse_json`, the sender
+    on what it is about to send. Returns the decoded cost (:func:`json_cost`). The text must be valid
+    JSON (what :func:`dumps_compact` writes); its string lengths are measured by parsing only when
+    its strings add up to more than ``max_string_bytes``.
+    """
+    data = _size_of(text, limits, what)
+    cost, walk = _check_bytes(data, limits, what)
+    if walk:
+        check_json_limits(_parse(data, limits, what), limits=limits, what=what)
+    return cost
+
+
+def parse_json(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS, what: str = "JSON") -> ParsedJSON:
+    """:func:`loads_limited`, also returning the decoded cost of the value (:func:`json_cost`)."""
+    data = _size_of(text, limits, what)
+    cost, walk = _check_bytes(data, limits, what)
+    obj = _parse(data, limits, what)
+    if walk:
         check_json_limits(obj, limits=limits, what=what)
-    return obj
+    return ParsedJSON(obj, cost)
+
+
+def loads_limited(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS, what: str = "JSON") -> Any:
+    """Parse untrusted JSON text under ``limits`` (see the module docstring for how each is measured).
+
+    Raises :class:`DecodeError` for malformed JSON (with the parser's byte position), invalid UTF-8, lone
+    surrogates, or numbers outside the float range; :class:`LimitExceeded` for a limit. Never returns a
+    partial result; never lets RecursionError escape; refuses depth and array violations before parsing.
+    """
+    return parse_json(text, limits=limits, what=what).value
 
 
 def dumps_compact(obj: Any, *, sort_keys: bool = False) -> str:
@@ -242,3 +397,7 @@ def dumps_compact(obj: Any, *, sort_keys: bool = False) -> str:
         return _json_encode(obj, order="sorted" if sort_keys else None).decode("utf-8")
     except (TypeError, ValueError, OverflowError) as exc:
         raise EncodeError(f"cannot encode as JSON: {exc}") from None
+    except RecursionError:  # msgspec recurses per level and gives up near the interpreter's limit
+        raise EncodeError(
+            "cannot encode as JSON: the value is circular (contains itself) or nested too deeply"
+        ) from None

@@ -190,6 +190,9 @@ _any_decoder = msgspec.json.Decoder()
 _data_envelope_decoder = msgspec.json.Decoder(DataEnvelope)
 # How every DATA message starts, ours and the reference's (both emit ``type`` first).
 _DATA_START = '{"type":"DATA",'
+# msgspec parses (and skips unknown fields) recursively and raises RecursionError near the
+# interpreter's recursion limit (~1,000 levels): such a message is malformed, not a crash.
+_TOO_DEEP = "session message is nested too deeply to parse (about 1,000 levels or more)"
 
 
 def encode_message(
@@ -221,8 +224,8 @@ def decode_data(text: str, *, limits: Limits = DEFAULT_LIMITS) -> DataEnvelope |
         return None
     try:
         env = _data_envelope_decoder.decode(text)
-    except (msgspec.DecodeError, UnicodeError):
-        return None
+    except (msgspec.DecodeError, UnicodeError, RecursionError):
+        return None  # decode_message reports it
     return env if env.type == "DATA" else None
 
 
@@ -258,12 +261,14 @@ def decode_message(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS) -> Dec
         )
     try:
         raw = _raw_decoder.decode(text)
+        mtype = _TYPES.get(raw.type)
+        payload: Capabilities | Rejection | DataPayload | ClosePayload | None = None
+        if mtype is not None:
+            payload = _decode_payload(mtype, raw.payload)
     except (msgspec.DecodeError, UnicodeError) as exc:
         raise ProtocolError(f"not a session message: {exc}", code="MALFORMED_MESSAGE") from exc
-    mtype = _TYPES.get(raw.type)
-    payload: Capabilities | Rejection | DataPayload | ClosePayload | None = None
-    if mtype is not None:
-        payload = _decode_payload(mtype, raw.payload)
+    except RecursionError:
+        raise ProtocolError(_TOO_DEEP, code="MALFORMED_MESSAGE") from None
     return Decoded(
         type=mtype,
         type_name=raw.type,

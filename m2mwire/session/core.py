@@ -15,10 +15,11 @@ States: INITIAL -> HELLO_SENT (client) -> ESTABLISHED -> CLOSING -> CLOSED.
 from __future__ import annotations
 
 import logging
+import sys
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Literal
 
@@ -35,9 +36,9 @@ from m2mwire.codecs import (
     encode_m2m_binary,
     select_algorithm,
 )
-from m2mwire.codecs.avp import AVPMessage
+from m2mwire.codecs.avp import FLAG_COMPRESSED, AVPMessage, payload_size
 from m2mwire.codecs.avp import decode as avp_decode
-from m2mwire.codecs.jsonutil import dumps_compact, loads_limited
+from m2mwire.codecs.jsonutil import check_json_text, dumps_compact, loads_limited, parse_json
 from m2mwire.codecs.wire import encode_with
 from m2mwire.errors import (
     DecodeError,
@@ -177,6 +178,11 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
     more: bool = False
     traceparent: str | None = None  # a request's W3C trace context (OpenTelemetry), if it sent one
     tracestate: str | None = None
+    # Bytes this message holds in memory once decoded: the text object, plus for JSON an upper-bound
+    # estimate of the parsed value (jsonutil.json_cost, up to ~24x the text), plus for AVP the frame
+    # and any decompressed payload. What a queue of received messages should count against a byte
+    # bound: the wire size can be thousands of times smaller (compression) or larger (escapes).
+    decoded_bytes: int = 0
 
     @property
     def extra(self) -> dict[str, str]:
@@ -327,6 +333,9 @@ class SessionProtocol:
         self._admission = admission
         self._awaiting_verdict: tuple[Negotiated, Capabilities] | None = None
         self.peer_trace: tuple[str, str | None] | None = None  # server: HELLO's traceparent, tracestate
+        # What the codecs may produce on this session: the negotiated max_payload bounds the decoded
+        # content on both sides (PROTOCOL.md "Resource bounds"), so decoders stop at it.
+        self._limits = config.limits
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -401,7 +410,12 @@ class SessionProtocol:
                         f"AVP frame received but the negotiated mode is {self.info.mode}", "MODE_VIOLATION"
                     )
                     return None
-                frame = avp_decode(data)  # bytes take avp's quickest input path
+                # bytes take avp's quickest input path; a compressed payload is held to max_payload
+                # (and a hidden state to its shape) before anything is decompressed
+                frame = avp_decode(data, max_output_bytes=self._payload_limit)
+                payload_bytes = len(frame.payload)
+                # the payload is a view into the frame unless it was decompressed
+                held = size + payload_bytes if frame.header.compressed else size
                 extra = frame.metadata.extra
                 if extra and (AVP_REQUEST_ID_KEY in extra or AVP_REPLY_TO_KEY in extra):
                     message = Message(
@@ -409,11 +423,12 @@ class SessionProtocol:
                         algorithm="avp",
                         binary=True,
                         wire_bytes=size,
-                        original_bytes=len(frame.payload),
+                        original_bytes=payload_bytes,
                         avp=frame,
                         request_id=extra.get(AVP_REQUEST_ID_KEY),
                         reply_to=extra.get(AVP_REPLY_TO_KEY),
                         more=extra.get(AVP_MORE_KEY) == "1",
+                        decoded_bytes=held,
                     )
                 else:
                     message = Message(
@@ -421,11 +436,12 @@ class SessionProtocol:
                         algorithm="avp",
                         binary=True,
                         wire_bytes=size,
-                        original_bytes=len(frame.payload),
+                        original_bytes=payload_bytes,
                         avp=frame,
+                        decoded_bytes=held,
                     )
             elif first == 0x23:  # "#": an M2M v1 frame in binary form (#M2M|1|...)
-                text = decode_m2m_binary(view, limits=self.config.limits)
+                text = decode_m2m_binary(view, limits=self._limits)
                 message = Message(
                     kind="text",
                     algorithm="m2m",
@@ -433,9 +449,10 @@ class SessionProtocol:
                     wire_bytes=size,
                     original_bytes=_utf8_len(text),
                     text=text,
+                    decoded_bytes=sys.getsizeof(text),
                 )
             elif first in _TOKENNATIVE_BINARY_IDS:
-                text = decompress_binary(view, limits=self.config.limits)
+                text = decompress_binary(view, limits=self._limits)
                 message = Message(
                     kind="text",
                     algorithm="tokennative",
@@ -443,6 +460,7 @@ class SessionProtocol:
                     wire_bytes=size,
                     original_bytes=_utf8_len(text),
                     text=text,
+                    decoded_bytes=sys.getsizeof(text),
                 )
             else:
                 self._protocol_violation(
@@ -452,7 +470,7 @@ class SessionProtocol:
                 )
                 return None
         except M2MError as exc:  # DecodeError, LimitExceeded, TokenizerUnavailable, ...
-            self._protocol_violation(f"undecodable binary frame: {exc}", "INVALID_DATA")
+            self._refuse_data("binary frame", exc)
             return None
         return self._deliver(message, now)
 
@@ -482,6 +500,9 @@ class SessionProtocol:
             text, content_type = content, "text"
         elif isinstance(content, dict | list):
             text, content_type = dumps_compact(content), "json"
+            # The receiver refuses JSON over the seed's limits (depth, array length, string size) and
+            # closes the session; refuse it here first, with the receiver's own check.
+            check_json_text(text, limits=self._limits, what="JSON content")
         else:
             raise EncodeError(f"send() takes str, dict or list content, not {type(content).__name__}")
         original = len(text) if text.isascii() else _utf8_len(text)
@@ -502,7 +523,7 @@ class SessionProtocol:
                     f"(negotiated: {', '.join(a.value for a in info.algorithms)})"
                 )
             if kind is Algorithm.M2M:
-                frame = encode_m2m_binary(text, limits=self.config.limits)
+                frame = encode_m2m_binary(text, limits=self._limits)
             else:
                 frame = compress_binary(text, encoding=info.encoding)
             self._check_payload_size(len(frame), f"{kind.value} binary frame")
@@ -518,7 +539,7 @@ class SessionProtocol:
                     f"algorithm {algorithm.value} was not negotiated for this session "
                     f"(negotiated: {', '.join(a.value for a in info.algorithms)})"
                 )
-            wire = encode_with(text, algorithm, info.encoding, limits=self.config.limits)
+            wire = encode_with(text, algorithm, info.encoding, limits=self._limits)
             wire_len = original if wire is text else _utf8_len(wire)
             payload = DataPayload(
                 algorithm=algorithm, content=wire, original_size=original, content_type=content_type
@@ -567,6 +588,11 @@ class SessionProtocol:
             raise EncodeError("send_frame() takes an encoded AVP frame (starting with b'AV')")
         if size > self._payload_limit:
             self._check_payload_size(size, "AVP frame")
+        if memoryview(parts[0])[3] & FLAG_COMPRESSED:
+            # The receiver holds the decompressed payload to max_payload: check the same quantity
+            # here (read from the zstd header; a compressed frame is small, so joining it is cheap).
+            one = parts[0] if len(parts) == 1 else b"".join(parts)
+            self._check_payload_size(payload_size(one), "decompressed AVP payload")
         self._queue_output(SendMessage(parts if type(parts) is tuple else tuple(parts)))
         sent = SentInfo("avp", True, size, size)
         self._account_sent(sent, now)
@@ -793,7 +819,7 @@ class SessionProtocol:
             return None
         assert isinstance(payload, DataPayload)
         content = payload.content
-        limits = self.config.limits
+        limits = self._limits
         wire_bytes = len(content) if content.isascii() else _utf8_len(content)
         try:
             if content.startswith("#") or wire_bytes > min(limits.max_message_bytes, limits.max_output_bytes):
@@ -802,13 +828,15 @@ class SessionProtocol:
                 original = wire_bytes if text is content else _utf8_len(text)
             else:  # no prefix: NONE, decode_wire's first case without its calls (the hot path)
                 text, algorithm, original = content, "none", wire_bytes
+            held = sys.getsizeof(text)
             if payload.content_type == "json":
-                value = loads_limited(text, limits=limits)
+                value, cost = parse_json(text, limits=limits)
+                held += cost
                 kind: Literal["text", "json"] = "json"
             else:
                 value, kind = None, "text"
         except M2MError as exc:  # DecodeError, LimitExceeded, TokenizerUnavailable, ...
-            self._protocol_violation(f"undecodable DATA ({payload.algorithm}): {exc}", "INVALID_DATA")
+            self._refuse_data(f"DATA ({payload.algorithm})", exc)
             return None
         if self.config.token_stats:
             self.stats.original_tokens_received += count_tokens(text)
@@ -823,6 +851,7 @@ class SessionProtocol:
                 original_bytes=original,
                 text=text,
                 value=value,
+                decoded_bytes=held,
             )
         else:
             message = Message(
@@ -838,6 +867,7 @@ class SessionProtocol:
                 more=payload.more is True,
                 traceparent=payload.traceparent if isinstance(payload.traceparent, str) else None,
                 tracestate=payload.tracestate if isinstance(payload.tracestate, str) else None,
+                decoded_bytes=held,
             )
         return self._deliver(message, now)
 
@@ -907,6 +937,8 @@ class SessionProtocol:
             peer_version=peer.version,
         )
         self._payload_limit = result.max_payload or self.config.limits.max_message_bytes
+        if self._payload_limit < self._limits.max_output_bytes:
+            self._limits = replace(self._limits, max_output_bytes=self._payload_limit)
         self._events.append(Established(self.info))
 
     def _require_established(self) -> SessionInfo:
@@ -967,6 +999,23 @@ class SessionProtocol:
         self._send_text(encode_message(MessageType.REJECT, Rejection(code=code, message=message)))
         err = SessionRejected(f"rejected the client's HELLO: {code}: {message}", code=code)
         self._finish(Closed(code, message, by_peer=False, error=err), CLOSE_NORMAL)
+
+    def _refuse_data(self, what: str, exc: M2MError) -> None:
+        """Received DATA that cannot be delivered: content decoding past this session's size bounds
+        closes with MESSAGE_TOO_BIG (1009), anything else undecodable with INVALID_DATA (1002)."""
+        limits = self._limits
+        if isinstance(exc, LimitExceeded) and exc.limit in (
+            self._payload_limit,
+            limits.max_output_bytes,
+            limits.max_message_bytes,
+        ):
+            why = f"{what} refused: {exc}"
+            if exc.limit == self._payload_limit:
+                why += f" (the negotiated max_payload, {self._payload_limit} bytes, bounds decoded content)"
+            err = LimitExceeded(why, limit=exc.limit, actual=exc.actual)
+            self._fail(err, "MESSAGE_TOO_BIG", CLOSE_TOO_BIG)
+            return
+        self._protocol_violation(f"undecodable {what}: {exc}", "INVALID_DATA")
 
     def _protocol_violation(self, message: str, code: str) -> None:
         self._fail(ProtocolError(message, code=code), code, CLOSE_PROTOCOL_ERROR)

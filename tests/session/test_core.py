@@ -466,11 +466,13 @@ def test_invalid_json_content_type_is_a_violation(compact: bool) -> None:
 
 
 @pytest.mark.parametrize("compact", [True, False])
-def test_plain_content_over_max_output_bytes_is_invalid_data(compact: bool) -> None:
+def test_plain_content_over_max_output_bytes_is_message_too_big(compact: bool) -> None:
     c, s = pair(server_cfg=cfg(limits=Limits(max_output_bytes=64)))
     drain(s)
     s.receive_text(data_message(s.session_id, compact, algorithm="none", content="y" * 65), 1.0)
-    assert _violation(s).code == "INVALID_DATA"
+    (closed,) = [e for e in drain(s) if isinstance(e, Closed)]
+    assert closed.code == "MESSAGE_TOO_BIG" and isinstance(closed.error, LimitExceeded)
+    assert CloseTransport(1009, "MESSAGE_TOO_BIG") in s.data_to_send()
 
 
 def _receive_outcome(wire: str, compact: bool) -> Message | str:
