@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import tracemalloc
 from typing import Any
+from unittest.mock import patch
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from m2mwire.codecs.jsonutil import check_json_limits, dumps_compact, json_path, loads_limited
+from m2mwire.codecs import jsonutil
+from m2mwire.codecs.jsonutil import (
+    _scan,
+    check_json_limits,
+    check_json_text,
+    dumps_compact,
+    json_cost,
+    json_path,
+    loads_limited,
+    parse_json,
+)
 from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits
 from m2mwire.errors import DecodeError, EncodeError, LimitExceeded
 
@@ -303,3 +315,68 @@ def test_fast_path_never_changes_the_verdict(x: Any, depth: int, string_bytes: i
     except LimitExceeded:
         got = False
     assert got == expected
+
+
+# --- limits enforced before parsing (issue 11.9) -------------------------------------------------------
+
+TRICKY = st.text(alphabet='[]{},:"\\ab\u00e9', max_size=10)
+
+
+@SETTINGS
+@given(json_values(keys=TRICKY, strings=TRICKY, max_leaves=40), st.integers(1, 6), st.integers(1, 6))
+def test_scan_measures_exactly_what_the_walk_measures(x: Any, depth: int, elements: int) -> None:
+    """The byte scan that refuses texts before parsing must agree with a walk of the parsed value,
+    whatever brackets, commas, quotes and backslashes the strings hold."""
+    lim = Limits(max_json_depth=depth, max_array_elements=elements)
+    try:
+        check_json_limits(x, limits=lim)
+        expected = True
+    except LimitExceeded:
+        expected = False
+    for chunk in (7, 1 << 20):  # 7-byte slices: strings and containers span slices
+        with patch.object(jsonutil, "_SCAN_CHUNK", chunk):
+            try:
+                _scan(dumps_compact(x).encode(), lim, "JSON")
+                got = True
+            except LimitExceeded:
+                got = False
+        assert got == expected, chunk
+
+
+def test_an_over_long_array_is_refused_before_it_is_parsed() -> None:
+    # 1.4 M empty objects in one array (4 MiB): parsing it first held ~24 bytes per byte of text;
+    # the scan holds the text, its structural bytes and their levels (~5 bytes per byte).
+    text = "[" + "{}," * (4 * 1024 * 1024 // 3) + "{}]"
+    tracemalloc.start()
+    try:
+        with pytest.raises(LimitExceeded, match="more than 10000 elements") as exc:
+            loads_limited(text)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert exc.value.limit == 10_000
+    assert peak < 8 * len(text), f"peak {peak} for {len(text)} bytes of text"
+
+
+def test_deep_nesting_in_a_large_text_is_refused_before_parsing() -> None:
+    text = "[" + "1," * 100_000 + "[" * 40 + "]" * 40 + "]"
+    with pytest.raises(LimitExceeded, match=r"nests at least \d+ levels deep, over max_json_depth=32") as exc:
+        loads_limited(text)
+    assert exc.value.limit == 32
+
+
+def test_check_json_text_is_the_receivers_check_without_the_value() -> None:
+    ok = dumps_compact({"a": [1, 2, 3]})
+    assert check_json_text(ok) == parse_json(ok).cost == json_cost(ok.encode())
+    for bad in ("[" * 33 + "]" * 33, "[" + ",".join("0" * 10_001) + "]"):
+        with pytest.raises(LimitExceeded):
+            check_json_text(bad)
+        with pytest.raises(LimitExceeded):
+            loads_limited(bad)
+
+
+def test_strings_longer_than_the_limit_in_total_are_still_checked_one_by_one() -> None:
+    lim = Limits(max_string_bytes=10)
+    assert loads_limited('["0123456789","0123456789"]', limits=lim) == ["0123456789"] * 2
+    with pytest.raises(LimitExceeded, match=r"at \$\[1\]"):
+        loads_limited('["0123456789","0123456789x"]', limits=lim)
