@@ -28,7 +28,11 @@ proofs in ``docs/T1.md``):
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from typing import Any, Final, Literal
+
+import msgspec
 
 from m2mwire.codecs.jsonutil import dumps_compact, loads_limited
 from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits
@@ -192,6 +196,9 @@ _ENC_COLLIDING: Final[dict[str, tuple[str, str]]] = {
 }
 
 
+_json_encode = msgspec.json.Encoder().encode  # sizes only: the same bytes as dumps_compact
+
+
 class _ReferenceDialect(Exception):
     """Internal: a seed-mode walk met a reference-dialect marker; start over in reference mode."""
 
@@ -272,6 +279,73 @@ def _seed_enc_obj(obj: dict[str, Any], root: bool) -> dict[str, Any]:
 # ======================================================================================================
 
 
+class _Budget:
+    """How many bytes the expansion may still add before the decoded text is over its limit.
+
+    Output size = compact size of the parsed wire + the growth of every rename and default added
+    (each computed exactly, in UTF-8 bytes, where it happens) - the members dropped by a key
+    collision. Every object settles its growth when done, so an expansion past the limit stops
+    within one object's worth of work instead of building the whole result first (issue 11.10).
+    ``left`` starts from the wire's own size, an upper bound of its compact size; the first time it
+    runs out, the exact compact size is measured once (one msgspec encode) and credited.
+
+    Growth can be negative later: each ``~`` escape removed is one byte less, so ``slack`` (the
+    number of ``~`` in the wire) is credited up front; a member that a later one with the same
+    decoded key replaces leaves the output, and is credited when its object is reached or, on
+    running out, for the whole wire at once (``shrink`` measures them all without expanding). So
+    running out for good proves that the output is over the limit.
+    """
+
+    __slots__ = ("charged", "credited", "left", "limit", "prepaid", "shrink", "source")
+
+    def __init__(
+        self,
+        limit: int,
+        source: Any,
+        wire_bytes: int,
+        slack: int = 0,
+        shrink: Callable[[Any], int] | None = None,
+    ) -> None:
+        self.limit = limit
+        self.left = limit - wire_bytes + slack
+        self.charged = wire_bytes  # what the parsed wire was charged, until measured exactly
+        self.source: Any = source  # the parsed wire; None once its exact size was credited
+        self.shrink = shrink
+        self.credited = 0  # dropped members credited so far, object by object
+        self.prepaid = False  # every dropped member of the wire has been credited
+
+    def credit_dropped(self, size: int) -> None:
+        if not self.prepaid:
+            self.left += size
+            self.credited += size
+
+    def exhausted(self) -> None:
+        source = self.source
+        if source is not None:
+            self.source = None
+            self.left += self.charged - len(_json_encode(source))
+            if self.shrink is not None:
+                self.left += self.shrink(source) - self.credited
+                self.prepaid = True
+            if self.left >= 0:
+                return
+        raise LimitExceeded(
+            f"decoded T1 message is over max_output_bytes={self.limit} (refused while expanding)",
+            limit=self.limit,
+        )
+
+
+#: For expansions without a limit (expand_obj_t1): never runs out.
+def _unlimited() -> _Budget:
+    return _Budget(sys.maxsize, None, 0)
+
+
+# Bytes a default adds to an object: ``"key":value`` plus a comma when the object is not empty.
+_SEED_DEFAULT_BYTES: Final[dict[str, int]] = {
+    k: len(_json_encode(k)) + 1 + len(_json_encode(d)) for k, d in SEED_DEFAULTS
+}
+
+
 def _seed_dec_str(value: str, table: _ValueTable, detect: bool) -> str:
     if value[:1] == ESCAPE:
         return value[1:]
@@ -284,64 +358,142 @@ def _seed_dec_str(value: str, table: _ValueTable, detect: bool) -> str:
     return value
 
 
-def _seed_dec_list(items: list[Any], vt: _ValueTable | None, detect: bool) -> list[Any]:
+def _seed_dec_list(items: list[Any], vt: _ValueTable | None, detect: bool, budget: _Budget) -> list[Any]:
     if vt is None:
         return [
-            _seed_dec_obj(x, False, detect)
+            _seed_dec_obj(x, False, detect, budget)
             if type(x) is dict
-            else _seed_dec_list(x, None, detect)
+            else _seed_dec_list(x, None, detect, budget)
             if type(x) is list
             else x
             for x in items
         ]
-    return [
-        _seed_dec_str(x, vt, detect)
-        if type(x) is str
-        else _seed_dec_obj(x, False, detect)
-        if type(x) is dict
-        else _seed_dec_list(x, vt, detect)
-        if type(x) is list
-        else x
-        for x in items
-    ]
+    out: list[Any] = []
+    grow = 0
+    for x in items:
+        t = type(x)
+        if t is str:
+            y = _seed_dec_str(x, vt, detect)
+            if y is not x:  # table values are ASCII and "~" is one byte: lengths are byte counts
+                grow += len(y) - len(x)
+            x = y
+        elif t is dict:
+            x = _seed_dec_obj(x, False, detect, budget)
+        elif t is list:
+            x = _seed_dec_list(x, vt, detect, budget)
+        out.append(x)
+    if grow:
+        budget.left -= grow
+        if budget.left < 0:
+            budget.exhausted()
+    return out
 
 
-def _seed_dec_obj(obj: dict[str, Any], root: bool, detect: bool) -> dict[str, Any]:
+def _seed_key(w: str, v: Any, root: bool, detect: bool) -> str:
+    """The key that wire key ``w`` (with value ``v``) decodes to."""
+    k = _SEED_DEC_KEYS.get(w)
+    if k is not None:
+        return k
+    if w[:1] == ESCAPE:
+        return w[1:]
+    if w in _COLLISIONS:
+        return _resolve_collision(w, v, root)
+    if detect and w in _REFERENCE_MARKER_KEYS:
+        raise _ReferenceDialect
+    return w
+
+
+def _member_bytes(key: str, value: Any) -> int:
+    """Compact size of ``"key":value,`` (the comma: every member but one has one, and a dropped
+    member is never alone, as the one that replaces it is in the same object)."""
+    return len(_json_encode(key)) + len(_json_encode(value)) + 2
+
+
+def _seed_shrink(value: Any, root: bool) -> int:
+    """Bytes of every member that the seed reading drops (see _dropped), found without expanding."""
+    if type(value) is list:
+        return sum(_seed_shrink(x, False) for x in value)
+    if type(value) is not dict:
+        return 0
+    keys = [_seed_key(w, v, root, False) for w, v in value.items()]
+    dropped = _dropped(keys) if len(set(keys)) != len(keys) else ()
+    return sum(
+        _member_bytes(w, v) if i in dropped else _seed_shrink(v, False)
+        for i, (w, v) in enumerate(value.items())
+    )
+
+
+def _ref_shrink(value: Any) -> int:
+    """Bytes of every member that the reference reading drops, found without expanding."""
+    if type(value) is list:
+        return sum(_ref_shrink(x) for x in value)
+    if type(value) is not dict:
+        return 0
+    wires = sorted(value)
+    keys = [_REF_DEC_KEYS.get(w, w) for w in wires]
+    dropped = _dropped(keys) if len(set(keys)) != len(keys) else ()
+    return sum(
+        _member_bytes(w, value[w]) if i in dropped else _ref_shrink(value[w]) for i, w in enumerate(wires)
+    )
+
+
+def _dropped(keys: list[str]) -> set[int]:
+    """Indices of members whose decoded key comes again later in the object: the later one wins
+    (as a dict assignment does), so the earlier ones are never expanded, only kept in place."""
+    last = {k: i for i, k in enumerate(keys)}
+    return {i for i, k in enumerate(keys) if last[k] != i}
+
+
+def _seed_dec_obj(obj: dict[str, Any], root: bool, detect: bool, budget: _Budget) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for w, v in obj.items():
-        k = _SEED_DEC_KEYS.get(w)
-        if k is None:
-            if w[:1] == ESCAPE:
-                k = w[1:]
-            elif w in _COLLISIONS:
-                k = _resolve_collision(w, v, root)
-            elif detect and w in _REFERENCE_MARKER_KEYS:
-                raise _ReferenceDialect
-            else:
-                k = w
+    grow = 0
+    keys = [_seed_key(w, v, root, detect) for w, v in obj.items()]
+    # Two wire keys for one key ("~n" next to a colliding "n", or an original next to its
+    # abbreviation): rare, but an earlier member expanded and then dropped would be counted first.
+    dropped = _dropped(keys) if len(set(keys)) != len(keys) else None
+    if dropped is not None:  # they leave the output: credited before any member debits growth
+        members = list(obj.items())
+        budget.credit_dropped(sum(_member_bytes(*members[i]) for i in dropped))
+    for i, (w, v) in enumerate(obj.items()):
+        k = keys[i]
+        if dropped is not None and i in dropped:
+            if detect and _has_reference_marker(v, _SEED_VALUE_DEC.get(k), False):
+                raise _ReferenceDialect  # what expanding it would have found
+            out[k] = None  # holds the key's place; the later member's value replaces it
+            continue
+        if k is not w:  # table keys are ASCII and "~" is one byte: lengths are byte counts
+            grow += len(k) - len(w)
         t = type(v)
         if t is str:
             vt = _SEED_VALUE_DEC.get(k)
             if vt is not None:
-                v = _seed_dec_str(v, vt, detect)
+                y = _seed_dec_str(v, vt, detect)
+                if y is not v:
+                    grow += len(y) - len(v)
+                v = y
         elif t is dict:
-            v = _seed_dec_obj(v, False, detect)
+            v = _seed_dec_obj(v, False, detect, budget)
         elif t is list:
-            v = _seed_dec_list(v, _SEED_VALUE_DEC.get(k), detect)
+            v = _seed_dec_list(v, _SEED_VALUE_DEC.get(k), detect, budget)
         out[k] = v
     if root and "messages" in out and "choices" not in out:
         for key, default in SEED_DEFAULTS:
             if key not in out:
+                grow += _SEED_DEFAULT_BYTES[key] + 1  # out has "messages": a comma always precedes
                 out[key] = {} if type(default) is dict else default  # a fresh {} per message
+    if grow:
+        budget.left -= grow
+        if budget.left < 0:
+            budget.exhausted()
     return out
 
 
-def _seed_expand(obj: Any, detect: bool) -> Any:
+def _seed_expand(obj: Any, detect: bool, budget: _Budget) -> Any:
     t = type(obj)
     if t is dict:
-        return _seed_dec_obj(obj, True, detect)
+        return _seed_dec_obj(obj, True, detect, budget)
     if t is list:
-        return _seed_dec_list(obj, None, detect)
+        return _seed_dec_list(obj, None, detect, budget)
     return obj
 
 
@@ -405,39 +557,61 @@ def _ref_enc(value: Any, vt: dict[str, str] | None) -> Any:
     return value
 
 
-def _ref_dec(value: Any, vt: dict[str, str] | None) -> Any:
+# Bytes a restored default adds (the object holds messages or model already, so a comma precedes it).
+_REF_DEFAULT_BYTES: Final[dict[str, int]] = {
+    k: len(_json_encode(k)) + 2 + len(_json_encode(d)) for k, d in REFERENCE_RESTORED_DEFAULTS
+}
+_REF_RESTORE_AT: Final = frozenset({"messages", "model"})
+
+
+def _ref_dec(value: Any, vt: dict[str, str] | None, budget: _Budget, restored: bool) -> Any:
+    """Expand one reference-dialect value. The six defaults go into the first objects holding
+    messages/model on each path from the root (the reference's restore pass, done on the way down:
+    ``restored`` says an enclosing object already got them), so growth is counted as it happens."""
     t = type(value)
     if t is dict:
         out: dict[str, Any] = {}
-        for w in sorted(value):
-            k = _REF_DEC_KEYS.get(w, w)
-            out[k] = _ref_dec(value[w], _REF_VALUE_DEC.get(k))
+        grow = 0
+        wires = sorted(value)
+        keys = [_REF_DEC_KEYS.get(w, w) for w in wires]
+        here = not restored and any(k in _REF_RESTORE_AT for k in keys)
+        inner = restored or here
+        # a user key "c" next to "content": the later one overwrites, as a map insert does there
+        dropped = _dropped(keys) if len(set(keys)) != len(keys) else None
+        if dropped is not None:  # they leave the output: credited before any member debits growth
+            budget.credit_dropped(sum(_member_bytes(wires[i], value[wires[i]]) for i in dropped))
+        for i, w in enumerate(wires):
+            k = keys[i]
+            if dropped is not None and i in dropped:
+                out[k] = None  # holds the key's place (sorted on output anyway)
+                continue
+            if k is not w:  # table keys are ASCII: lengths are byte counts
+                grow += len(k) - len(w)
+            out[k] = _ref_dec(value[w], _REF_VALUE_DEC.get(k), budget, inner)
+        if here:
+            for key, default in REFERENCE_RESTORED_DEFAULTS:
+                if key not in out:
+                    grow += _REF_DEFAULT_BYTES[key]
+                    out[key] = default
+        if grow:
+            budget.left -= grow
+            if budget.left < 0:
+                budget.exhausted()
         return out
     if t is list:
-        return [_ref_dec(item, vt) for item in value]
+        return [_ref_dec(item, vt, budget, restored) for item in value]
     if t is str and vt is not None:
-        return vt.get(value, value)
+        y = vt.get(value, value)
+        if y is not value:
+            budget.left -= len(y) - len(value)
+            if budget.left < 0:
+                budget.exhausted()
+        return y
     return value
 
 
-def _ref_restore(value: Any) -> None:
-    """Insert the six defaults into the first objects holding messages/model on each path (in place)."""
-    if type(value) is dict:
-        if "messages" in value or "model" in value:
-            for key, default in REFERENCE_RESTORED_DEFAULTS:
-                value.setdefault(key, default)
-            return
-        for v in value.values():
-            _ref_restore(v)
-    elif type(value) is list:
-        for v in value:
-            _ref_restore(v)
-
-
-def _reference_expand(obj: Any) -> Any:
-    out = _ref_dec(obj, None)
-    _ref_restore(out)
-    return out
+def _reference_expand(obj: Any, budget: _Budget) -> Any:
+    return _ref_dec(obj, None, budget, False)
 
 
 # ======================================================================================================
@@ -468,19 +642,58 @@ def expand_obj_t1(obj: Any, *, dialect: Literal["auto", "seed", "reference"] = "
     """Expand a parsed T1 payload (object level). ``"auto"`` detects the dialect as :func:`decode_t1`
     does; ``"seed"`` forces the seed reading (reference marker keys are then plain keys)."""
     if dialect == "auto":
-        return _expand_auto(obj)[0]
+        return _expand_auto(obj, lambda _: _unlimited())[0]
     if dialect == "seed":
-        return _seed_expand(obj, False)
+        return _seed_expand(obj, False, _unlimited())
     if dialect == "reference":
-        return _reference_expand(obj)
+        return _reference_expand(obj, _unlimited())
     raise DecodeError(f"unknown T1 dialect {dialect!r} (expected 'auto', 'seed' or 'reference')")
 
 
-def _expand_auto(obj: Any) -> tuple[Any, Dialect]:
+def _expand_auto(obj: Any, budget: Callable[[Dialect], _Budget]) -> tuple[Any, Dialect]:
+    """Expand in the seed dialect, or start over in the reference's (with a fresh ``budget()``)."""
     try:
-        return _seed_expand(obj, True), "seed"
+        return _seed_expand(obj, True, budget("seed")), "seed"
     except _ReferenceDialect:
-        return _reference_expand(obj), "reference"
+        pass
+    except LimitExceeded:
+        # Read as seed, the wire overflows; but a reference wire read as seed can overflow before
+        # its first marker is met. Only then is the reference reading the right one.
+        if not _has_reference_marker(obj, None, True):
+            raise
+    return _reference_expand(obj, budget("reference")), "reference"
+
+
+def _shrink_of(dialect: Dialect) -> Callable[[Any], int]:
+    if dialect == "seed":
+        return lambda obj: _seed_shrink(obj, True)
+    return _ref_shrink
+
+
+def _has_reference_marker(value: Any, vt: _ValueTable | None, root: bool) -> bool:
+    """Whether the seed reading of ``value`` meets a reference-dialect marker (where the _seed_dec_*
+    functions raise _ReferenceDialect), found without building anything."""
+    t = type(value)
+    if t is dict:
+        for w, v in value.items():
+            k = _SEED_DEC_KEYS.get(w)
+            if k is None:
+                if w[:1] == ESCAPE:
+                    k = w[1:]
+                elif w in _COLLISIONS:
+                    k = _resolve_collision(w, v, root)
+                elif w in _REFERENCE_MARKER_KEYS:
+                    return True
+                else:
+                    k = w
+            if _has_reference_marker(v, _SEED_VALUE_DEC.get(k), False):
+                return True
+        return False
+    if t is list:
+        return any(_has_reference_marker(x, vt, False) for x in value)
+    if t is str and vt is not None:
+        return value[:1] != ESCAPE and value not in vt[0] and value in vt[1]
+    return False
 
 
 def _check_text_size(text: str, limit: int, what: str, name: str) -> None:
@@ -546,8 +759,13 @@ def decode_t1(wire: str, *, limits: Limits = DEFAULT_LIMITS) -> str:
     never returns a partial result.
     """
     obj = _parse_wire(wire, limits)
+    size = len(wire) if wire.isascii() else len(wire.encode("utf-8", "surrogatepass"))
+    limit = limits.max_output_bytes
     try:
-        expanded, dialect = _expand_auto(obj)
+        tildes = wire.count(ESCAPE)
+        expanded, dialect = _expand_auto(
+            obj, lambda d: _Budget(limit, obj, size - len(T1_PREFIX), tildes, _shrink_of(d))
+        )
     except RecursionError:
         raise LimitExceeded("T1 payload is nested too deeply", limit=limits.max_json_depth) from None
     out = dumps_compact(expanded, sort_keys=dialect == "reference")
@@ -559,6 +777,6 @@ def detect_t1_dialect(wire: str, *, limits: Limits = DEFAULT_LIMITS) -> Dialect:
     """Which dialect :func:`decode_t1` reads ``wire`` as (same errors as :func:`decode_t1`)."""
     obj = _parse_wire(wire, limits)
     try:
-        return _expand_auto(obj)[1]
+        return _expand_auto(obj, lambda _: _unlimited())[1]
     except RecursionError:
         raise LimitExceeded("T1 payload is nested too deeply", limit=limits.max_json_depth) from None
