@@ -12,18 +12,20 @@
 * **arrays** - the element count of every array.
 
 A violation raises :class:`~m2mwire.errors.LimitExceeded` naming the limit and, for texts up to
-``_DETAIL_BELOW`` bytes, the JSON path of the offending value (``$.messages[3].content``; keys that
+``_WALK_BELOW`` bytes, the JSON path of the offending value (``$.messages[3].content``; keys that
 are not identifiers are written ``$["a b"]``).
 
 The limits are enforced **before** the parser materialises anything (issue 11.9: a 16 MiB array of
 5.6 M empty objects used to be parsed, +447 MB and 2.9 s, and only then refused). Byte counts settle
 the usual case at once (nesting <= opening brackets, elements <= commas + 1, a string <= the text);
-otherwise :func:`_scan` measures the exact depth and every array's length from the bytes (numpy, in
-slices: a few bytes of memory per byte of text) and refuses the text unparsed. Only a text whose
-strings add up to more than ``max_string_bytes`` is walked after parsing, for its string lengths
-(its strings are then most of it, so the walk is short). Hostile input such as 100,000 ``[`` never
-reaches the recursive parser. :func:`check_json_text` is that whole check without the parse: the
-session's sender runs it on what it is about to send, so both ends enforce one set of rules.
+texts up to ``_WALK_BELOW`` bytes are parsed and walked (cheap at that size); otherwise :func:`_scan`
+measures the exact depth and every array's length from the bytes (numpy, in slices: a few bytes of
+memory per byte of text) and refuses the text unparsed. Only a large text whose strings add up to
+more than ``max_string_bytes`` is walked after parsing, for its string lengths (its strings are then
+most of it, so the walk is short). A small text nested deeper than the parser can recurse (~1,000
+levels) is refused as too deep: its RecursionError is caught. :func:`check_json_text` is that whole
+check without the parse: the session's sender runs it on what it is about to send, so both ends
+enforce one set of rules.
 
 :func:`json_cost` estimates what a parsed value holds in memory, so that queued messages can be
 accounted by their decoded cost.
@@ -44,8 +46,9 @@ __all__ = ["check_json_limits", "dumps_compact", "json_path", "loads_limited"]
 _json_decode = msgspec.json.decode
 _json_encode = msgspec.json.encode
 
-# A refused text up to this size is parsed (cheaply) to name the JSON path of the violation.
-_DETAIL_BELOW = 64 * 1024
+# Texts up to this size are parsed, then walked (which names the JSON path of a violation): their
+# parse costs at most ~24x this (1.5 MiB), less than the byte scan's fixed numpy overhead in time.
+_WALK_BELOW = 64 * 1024
 # The scan works on slices of this many bytes, so its temporaries stay small whatever the text.
 _SCAN_CHUNK = 1 << 20
 
@@ -165,21 +168,24 @@ def json_cost(data: bytes) -> int:
     """Estimated bytes that the parsed value of the JSON text ``data`` holds in memory (upper bound).
 
     From byte counts alone (bytes inside strings count too, which only over-estimates): CPython holds
-    up to 184 bytes per small dict, 64 per list (56 + a pointer in its parent), 57 per string on top
-    of its characters (up to 4 bytes each), 40 per object member (its slot) and 40 per comma (a pointer
-    and a number). For every shape measured the estimate is 1.2-5x the real cost: 3x for
-    ``[{},{},...]`` (24 bytes held per text byte, the worst ratio), 1.35x for objects with one key
-    each, 1.3x for the sample chat corpus (mostly non-ASCII).
+    up to 184 bytes per small dict, 64 per list (56 + a pointer in its parent), 40 per comma (a
+    pointer and a number), and per string 57 on top of its characters (up to 4 bytes each) plus 40
+    for the object slot that a key string implies. For every shape measured the estimate is 1.2-5x
+    the real cost: 3x for ``[{},{},...]`` (24 bytes held per text byte, the worst ratio), 1.4x for
+    objects with one key each, 1.3x for the sample chat corpus (mostly non-ASCII).
     """
-    count = data.count
+    return _cost(data, data.count(b"{"), data.count(b"["), data.count(b","))
+
+
+def _cost(data: bytes, braces: int, brackets: int, commas: int) -> int:
     # A str stores every character in 1, 2 or 4 bytes, the widest one deciding: one emoji in ASCII
     # text quadruples it. ASCII JSON text is held at most once over, any other up to 4 times.
     return (
         len(data) * (1 if data.isascii() else 4)
-        + 184 * count(b"{")
-        + 64 * count(b"[")
-        + 57 * (count(b'"') >> 1)
-        + 40 * (count(b":") + count(b","))
+        + 184 * braces
+        + 64 * brackets
+        + 40 * commas
+        + 97 * (data.count(b'"') >> 1)
     )
 
 
@@ -320,34 +326,24 @@ def _parse(data: bytes, limits: Limits, what: str) -> Any:
         ) from None
 
 
-def _check_bytes(data: bytes, limits: Limits, what: str) -> tuple[int, bool]:
-    """Depth and array limits of a JSON text, before parsing; returns (decoded cost, whether the
-    parsed value still needs the structure walk for its string lengths or for tiny limits)."""
-    openers = data.count(b"[") + data.count(b"{")
+def _check_bytes(data: bytes, limits: Limits, what: str) -> tuple[bool, int, int, int]:
+    """Depth and array limits of a JSON text, before parsing. Returns whether the parsed value still
+    needs the structure walk (for its string lengths, a small text, or tiny limits), and the counts
+    of ``{``, ``[`` and ``,`` (for :func:`_cost`)."""
+    braces = data.count(b"{")
+    brackets = data.count(b"[")
     commas = data.count(b",")
-    cost = json_cost(data)
     if limits.max_json_depth < 1 or limits.max_array_elements < 1:
-        return cost, True  # limits that refuse even [] or a scalar: left to the walk (tiny texts)
-    # Byte counts prove the common case: nesting <= openers, any array <= commas + 1 elements,
-    # any string <= the text (escapes only shrink a string).
-    if openers <= limits.max_json_depth and commas < limits.max_array_elements:
-        return cost, len(data) > limits.max_string_bytes
-    try:
-        inside = _scan(data, limits, what)
-    except LimitExceeded:
-        if len(data) <= _DETAIL_BELOW:
-            _detail(data, limits, what)  # raises the same violation with its JSON path
-        raise
-    return cost, inside > limits.max_string_bytes
-
-
-def _detail(data: bytes, limits: Limits, what: str) -> None:
-    """For a small refused text: parse it and walk it, to raise the violation with its JSON path."""
-    try:
-        obj = _json_decode(data)
-    except (msgspec.DecodeError, UnicodeDecodeError, RecursionError):
-        return  # the scan's own error stands
-    check_json_limits(obj, limits=limits, what=what)
+        walk = True  # limits that refuse even [] or a scalar: left to the walk
+    elif braces + brackets <= limits.max_json_depth and commas < limits.max_array_elements:
+        # Byte counts prove the common case: nesting <= openers, any array <= commas + 1 elements,
+        # any string <= the text (escapes only shrink a string).
+        walk = len(data) > limits.max_string_bytes
+    elif len(data) <= _WALK_BELOW:
+        walk = True  # small: parsing it costs little, and the walk names the JSON path
+    else:
+        walk = _scan(data, limits, what) > limits.max_string_bytes
+    return walk, braces, brackets, commas
 
 
 def check_json_text(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS, what: str = "JSON") -> int:
@@ -359,20 +355,26 @@ def check_json_text(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS, what:
     its strings add up to more than ``max_string_bytes``.
     """
     data = _size_of(text, limits, what)
-    cost, walk = _check_bytes(data, limits, what)
+    walk, braces, brackets, commas = _check_bytes(data, limits, what)
     if walk:
         check_json_limits(_parse(data, limits, what), limits=limits, what=what)
-    return cost
+    return _cost(data, braces, brackets, commas)
+
+
+def _load(text: str | bytes, limits: Limits, what: str) -> tuple[Any, bytes, int, int, int]:
+    """Check, parse and (when needed) walk: the value, its text as bytes and the byte counts."""
+    data = _size_of(text, limits, what)
+    walk, braces, brackets, commas = _check_bytes(data, limits, what)
+    obj = _parse(data, limits, what)
+    if walk:
+        check_json_limits(obj, limits=limits, what=what)
+    return obj, data, braces, brackets, commas
 
 
 def parse_json(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS, what: str = "JSON") -> ParsedJSON:
     """:func:`loads_limited`, also returning the decoded cost of the value (:func:`json_cost`)."""
-    data = _size_of(text, limits, what)
-    cost, walk = _check_bytes(data, limits, what)
-    obj = _parse(data, limits, what)
-    if walk:
-        check_json_limits(obj, limits=limits, what=what)
-    return ParsedJSON(obj, cost)
+    obj, data, braces, brackets, commas = _load(text, limits, what)
+    return ParsedJSON(obj, _cost(data, braces, brackets, commas))
 
 
 def loads_limited(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS, what: str = "JSON") -> Any:
@@ -382,7 +384,7 @@ def loads_limited(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS, what: s
     surrogates, or numbers outside the float range; :class:`LimitExceeded` for a limit. Never returns a
     partial result; never lets RecursionError escape; refuses depth and array violations before parsing.
     """
-    return parse_json(text, limits=limits, what=what).value
+    return _load(text, limits, what)[0]
 
 
 def dumps_compact(obj: Any, *, sort_keys: bool = False) -> str:

@@ -283,20 +283,23 @@ class _Budget:
     """How many bytes the expansion may still add before the decoded text is over its limit.
 
     Output size = compact size of the parsed wire + the growth of every rename and default added
-    (each computed exactly, in UTF-8 bytes, where it happens) - the members dropped by a key
-    collision. Every object settles its growth when done, so an expansion past the limit stops
-    within one object's worth of work instead of building the whole result first (issue 11.10).
-    ``left`` starts from the wire's own size, an upper bound of its compact size; the first time it
-    runs out, the exact compact size is measured once (one msgspec encode) and credited.
+    (each computed exactly, in UTF-8 bytes, where it happens) - every member that a later one with
+    the same decoded key replaces (its expanded size, credited when it is replaced). Every object
+    settles its growth when done, so an expansion past the limit stops within one object's worth of
+    work instead of building the whole result first (issue 11.10).
 
-    Growth can be negative later: each ``~`` escape removed is one byte less, so ``slack`` (the
-    number of ``~`` in the wire) is credited up front; a member that a later one with the same
-    decoded key replaces leaves the output, and is credited when its object is reached or, on
-    running out, for the whole wire at once (``shrink`` measures them all without expanding). So
-    running out for good proves that the output is over the limit.
+    ``left`` starts from the wire's own size (an upper bound of its compact size) plus ``slack``,
+    the number of ``~`` in the wire (each escape removed later is one byte less). When it runs out,
+    what is still uncertain is settled once each: the exact compact size (one msgspec encode), then
+    ``shrink``, the size of every member a repeated key drops anywhere in the wire (a later credit
+    that has not come yet; counted without expanding). Only then is the limit refused, so a text
+    whose expansion fits is not refused (unless it spells a key twice and the member dropped grows
+    past the limit by itself: no conforming encoder repeats a key, but a reference wire read as seed
+    can, which _expand_auto handles), and an over-limit one is built to at most the limit plus the
+    wire's size.
     """
 
-    __slots__ = ("charged", "credited", "left", "limit", "prepaid", "shrink", "source")
+    __slots__ = ("charged", "left", "limit", "shrink", "source")
 
     def __init__(
         self,
@@ -309,24 +312,19 @@ class _Budget:
         self.limit = limit
         self.left = limit - wire_bytes + slack
         self.charged = wire_bytes  # what the parsed wire was charged, until measured exactly
-        self.source: Any = source  # the parsed wire; None once its exact size was credited
-        self.shrink = shrink
-        self.credited = 0  # dropped members credited so far, object by object
-        self.prepaid = False  # every dropped member of the wire has been credited
-
-    def credit_dropped(self, size: int) -> None:
-        if not self.prepaid:
-            self.left += size
-            self.credited += size
+        self.source: Any = source  # the parsed wire
+        self.shrink = shrink  # None once credited (or when there is nothing to measure)
 
     def exhausted(self) -> None:
         source = self.source
-        if source is not None:
-            self.source = None
+        if source is not None and self.charged >= 0:
             self.left += self.charged - len(_json_encode(source))
-            if self.shrink is not None:
-                self.left += self.shrink(source) - self.credited
-                self.prepaid = True
+            self.charged = -1  # measured
+            if self.left >= 0:
+                return
+        if source is not None and self.shrink is not None:
+            self.left += self.shrink(source)
+            self.shrink = None
             if self.left >= 0:
                 return
         raise LimitExceeded(
@@ -340,7 +338,12 @@ def _unlimited() -> _Budget:
     return _Budget(sys.maxsize, None, 0)
 
 
-# Bytes a default adds to an object: ``"key":value`` plus a comma when the object is not empty.
+def _member_bytes(key: str, value: Any) -> int:
+    """Compact size of ``"key":value,`` (a replaced member never stands alone, so it has a comma)."""
+    return len(_json_encode(key)) + len(_json_encode(value)) + 2
+
+
+# Bytes a default adds to an object: ``"key":value`` (plus a comma, added where it is used).
 _SEED_DEFAULT_BYTES: Final[dict[str, int]] = {
     k: len(_json_encode(k)) + 1 + len(_json_encode(d)) for k, d in SEED_DEFAULTS
 }
@@ -390,10 +393,7 @@ def _seed_dec_list(items: list[Any], vt: _ValueTable | None, detect: bool, budge
 
 
 def _seed_key(w: str, v: Any, root: bool, detect: bool) -> str:
-    """The key that wire key ``w`` (with value ``v``) decodes to."""
-    k = _SEED_DEC_KEYS.get(w)
-    if k is not None:
-        return k
+    """The key a wire key that is not in the seed table decodes to (``w`` holds ``v``)."""
     if w[:1] == ESCAPE:
         return w[1:]
     if w in _COLLISIONS:
@@ -403,64 +403,13 @@ def _seed_key(w: str, v: Any, root: bool, detect: bool) -> str:
     return w
 
 
-def _member_bytes(key: str, value: Any) -> int:
-    """Compact size of ``"key":value,`` (the comma: every member but one has one, and a dropped
-    member is never alone, as the one that replaces it is in the same object)."""
-    return len(_json_encode(key)) + len(_json_encode(value)) + 2
-
-
-def _seed_shrink(value: Any, root: bool) -> int:
-    """Bytes of every member that the seed reading drops (see _dropped), found without expanding."""
-    if type(value) is list:
-        return sum(_seed_shrink(x, False) for x in value)
-    if type(value) is not dict:
-        return 0
-    keys = [_seed_key(w, v, root, False) for w, v in value.items()]
-    dropped = _dropped(keys) if len(set(keys)) != len(keys) else ()
-    return sum(
-        _member_bytes(w, v) if i in dropped else _seed_shrink(v, False)
-        for i, (w, v) in enumerate(value.items())
-    )
-
-
-def _ref_shrink(value: Any) -> int:
-    """Bytes of every member that the reference reading drops, found without expanding."""
-    if type(value) is list:
-        return sum(_ref_shrink(x) for x in value)
-    if type(value) is not dict:
-        return 0
-    wires = sorted(value)
-    keys = [_REF_DEC_KEYS.get(w, w) for w in wires]
-    dropped = _dropped(keys) if len(set(keys)) != len(keys) else ()
-    return sum(
-        _member_bytes(w, value[w]) if i in dropped else _ref_shrink(value[w]) for i, w in enumerate(wires)
-    )
-
-
-def _dropped(keys: list[str]) -> set[int]:
-    """Indices of members whose decoded key comes again later in the object: the later one wins
-    (as a dict assignment does), so the earlier ones are never expanded, only kept in place."""
-    last = {k: i for i, k in enumerate(keys)}
-    return {i for i, k in enumerate(keys) if last[k] != i}
-
-
 def _seed_dec_obj(obj: dict[str, Any], root: bool, detect: bool, budget: _Budget) -> dict[str, Any]:
     out: dict[str, Any] = {}
     grow = 0
-    keys = [_seed_key(w, v, root, detect) for w, v in obj.items()]
-    # Two wire keys for one key ("~n" next to a colliding "n", or an original next to its
-    # abbreviation): rare, but an earlier member expanded and then dropped would be counted first.
-    dropped = _dropped(keys) if len(set(keys)) != len(keys) else None
-    if dropped is not None:  # they leave the output: credited before any member debits growth
-        members = list(obj.items())
-        budget.credit_dropped(sum(_member_bytes(*members[i]) for i in dropped))
-    for i, (w, v) in enumerate(obj.items()):
-        k = keys[i]
-        if dropped is not None and i in dropped:
-            if detect and _has_reference_marker(v, _SEED_VALUE_DEC.get(k), False):
-                raise _ReferenceDialect  # what expanding it would have found
-            out[k] = None  # holds the key's place; the later member's value replaces it
-            continue
+    for w, v in obj.items():
+        k = _SEED_DEC_KEYS.get(w)
+        if k is None:
+            k = _seed_key(w, v, root, detect)
         if k is not w:  # table keys are ASCII and "~" is one byte: lengths are byte counts
             grow += len(k) - len(w)
         t = type(v)
@@ -475,6 +424,8 @@ def _seed_dec_obj(obj: dict[str, Any], root: bool, detect: bool, budget: _Budget
             v = _seed_dec_obj(v, False, detect, budget)
         elif t is list:
             v = _seed_dec_list(v, _SEED_VALUE_DEC.get(k), detect, budget)
+        if k in out:  # a key spelled twice ("~n" next to a colliding "n"): the later one wins
+            grow -= _member_bytes(k, out[k])
         out[k] = v
     if root and "messages" in out and "choices" not in out:
         for key, default in SEED_DEFAULTS:
@@ -486,6 +437,40 @@ def _seed_dec_obj(obj: dict[str, Any], root: bool, detect: bool, budget: _Budget
         if budget.left < 0:
             budget.exhausted()
     return out
+
+
+def _seed_shrink(value: Any, root: bool) -> int:
+    """Bytes of every member that a later one with the same decoded key (seed reading) replaces."""
+    if type(value) is list:
+        return sum(_seed_shrink(x, False) for x in value)
+    if type(value) is not dict:
+        return 0
+    keys: dict[str, Any] = {}
+    total = 0
+    for w, v in value.items():
+        k = _SEED_DEC_KEYS.get(w) or _seed_key(w, v, root, False)
+        if k in keys:
+            total += _member_bytes(*keys[k])
+        keys[k] = (w, v)
+        total += _seed_shrink(v, False)
+    return total
+
+
+def _ref_shrink(value: Any) -> int:
+    """Bytes of every member that a later one with the same decoded key (reference reading) replaces."""
+    if type(value) is list:
+        return sum(_ref_shrink(x) for x in value)
+    if type(value) is not dict:
+        return 0
+    keys: dict[str, Any] = {}
+    total = 0
+    for w in sorted(value):
+        k = _REF_DEC_KEYS.get(w, w)
+        if k in keys:
+            total += _member_bytes(*keys[k])
+        keys[k] = (w, value[w])
+        total += _ref_shrink(value[w])
+    return total
 
 
 def _seed_expand(obj: Any, detect: bool, budget: _Budget) -> Any:
@@ -572,22 +557,16 @@ def _ref_dec(value: Any, vt: dict[str, str] | None, budget: _Budget, restored: b
     if t is dict:
         out: dict[str, Any] = {}
         grow = 0
-        wires = sorted(value)
-        keys = [_REF_DEC_KEYS.get(w, w) for w in wires]
-        here = not restored and any(k in _REF_RESTORE_AT for k in keys)
+        here = not restored and any(_REF_DEC_KEYS.get(w, w) in _REF_RESTORE_AT for w in value)
         inner = restored or here
-        # a user key "c" next to "content": the later one overwrites, as a map insert does there
-        dropped = _dropped(keys) if len(set(keys)) != len(keys) else None
-        if dropped is not None:  # they leave the output: credited before any member debits growth
-            budget.credit_dropped(sum(_member_bytes(wires[i], value[wires[i]]) for i in dropped))
-        for i, w in enumerate(wires):
-            k = keys[i]
-            if dropped is not None and i in dropped:
-                out[k] = None  # holds the key's place (sorted on output anyway)
-                continue
+        for w in sorted(value):
+            k = _REF_DEC_KEYS.get(w, w)
             if k is not w:  # table keys are ASCII: lengths are byte counts
                 grow += len(k) - len(w)
-            out[k] = _ref_dec(value[w], _REF_VALUE_DEC.get(k), budget, inner)
+            v = _ref_dec(value[w], _REF_VALUE_DEC.get(k), budget, inner)
+            if k in out:  # a user key "c" next to "content": the later one overwrites, as there
+                grow -= _member_bytes(k, out[k])
+            out[k] = v
         if here:
             for key, default in REFERENCE_RESTORED_DEFAULTS:
                 if key not in out:
