@@ -1004,6 +1004,8 @@ class SessionProtocol:
         """Received DATA that cannot be delivered: content decoding past this session's size bounds
         closes with MESSAGE_TOO_BIG (1009), anything else undecodable with INVALID_DATA (1002)."""
         limits = self._limits
+        # A size bound is recognised by its value: the JSON limits (depth, elements, string bytes)
+        # are other numbers unless configured equal to a size bound, and then only the code differs.
         if isinstance(exc, LimitExceeded) and exc.limit in (
             self._payload_limit,
             limits.max_output_bytes,
