@@ -15,7 +15,7 @@ import logging
 import ssl as ssl_module
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Generator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, cast
@@ -36,7 +36,7 @@ from m2mwire.errors import (
     TransportError,
 )
 from m2mwire.options import Endpoint, load_server_certificate, parse_url, split_options
-from m2mwire.session.config import SessionConfig
+from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, SessionConfig, transport_limit
 from m2mwire.session.core import (
     AVP_MORE_KEY,
     AVP_REPLY_TO_KEY,
@@ -54,6 +54,8 @@ from m2mwire.session.core import (
     SessionProtocol,
     State,
     Stats,
+    closed_error,
+    queued_cost,
 )
 from m2mwire.transport.base import Buffer, Channel, DirectSendChannel, PushChannel
 
@@ -65,6 +67,7 @@ __all__ = ["Server", "ServerStats", "Session", "connect", "open_quic_connection"
 log = logging.getLogger("m2mwire.session")
 
 _CLOSED = State.CLOSED  # Enum member reads cost ~0.12 us on Python 3.11; _feed runs per message
+_CLOSE_RECEIVED = State.CLOSE_RECEIVED
 _ALGORITHMS: dict[str, Algorithm] = {a.value: a for a in Algorithm}
 _MAX_OUTPUT_BACKLOG = 64  # queued control messages (PONGs, ...) before we stop reading the peer
 _QUIC_CLIENT_OPTIONS = ("cafile", "cadata", "fingerprint", "insecure", "server_name", "idle_timeout")
@@ -86,7 +89,9 @@ class Session:
         self._protocol = protocol
         self._loop = asyncio.get_running_loop()
         self._max_queue = max(1, protocol.config.max_queue)
+        self._max_queue_bytes = max(1, protocol.config.max_queue_bytes)
         self._inbox: deque[Message] = deque()
+        self._inbox_bytes = 0  # queued_cost() of the messages in the inbox
         # recv() callers waiting for the inbox, one future each (an asyncio.Event costs several
         # Python calls more per message); woken by _wake_receivers().
         self._receivers: list[asyncio.Future[None]] = []
@@ -111,6 +116,10 @@ class Session:
         self._admitted_host: str | None = None  # the host whose admission slot we hold
         self._opened_at: float | None = None  # loop time of the handshake's end
         self._span: Any = None  # the session's OpenTelemetry span (m2mwire.tracing), if enabled
+        # A channel write that had to wait, running in a task of its own (see _start_write), and the
+        # write_timeout timer watching it.
+        self._inflight: asyncio.Task[None] | None = None
+        self._write_timer: asyncio.TimerHandle | None = None
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -161,6 +170,12 @@ class Session:
         one; ``binary=True`` sends text as a TokenNative binary frame. ``extra`` (numpy tensors only)
         puts string metadata in the AVP frame's ``extra`` map. Errors (closed session, wrong mode,
         over the negotiated max_payload, ...) are raised before anything is sent.
+
+        Cancellation: the message is committed before send() first waits. If the call is cancelled
+        (or times out) after that, the message is still sent, whole and in order; only the wait
+        for the transport is abandoned. So a ``CancelledError`` from send() never means "not
+        sent": it means "not confirmed". Messages sent after it follow it. If the peer reads
+        nothing for ``timers.write_timeout`` seconds, the session ends with ``SessionTimeout``.
         """
         return await self._send(content, algorithm, binary, extra)
 
@@ -348,9 +363,15 @@ class Session:
                 if self._paused:
                     self._update_reading()
                 return sent
-        await self._write_pending()
+        try:
+            await self._write_pending()
+        except asyncio.CancelledError:
+            # Our message is queued (or being written by its own task): have the writer task put
+            # it out, since this call no longer does.
+            self._writer_wakeup.set()
+            raise
         if self._transport_closed and self._protocol.closed is not None:
-            raise _closed_error(self._protocol.closed)
+            raise closed_error(self._protocol.closed)
         return sent
 
     async def recv(self) -> Message:
@@ -359,6 +380,7 @@ class Session:
         while not inbox:
             await self._inbox_waiter()
         message = inbox.popleft()
+        self._inbox_bytes -= queued_cost(message)
         if self._paused:
             self._update_reading()
         return message
@@ -366,10 +388,14 @@ class Session:
     def _inbox_waiter(self) -> asyncio.Future[None]:
         """A future completed when a message arrives or the session ends; raises SessionClosed
         once the session is over (the caller found the inbox empty)."""
+        if self._protocol.state is _CLOSE_RECEIVED:
+            # The application took every message sent before the peer's CLOSE and asks for more:
+            # it is done, acknowledge (after any replies it sent meanwhile).
+            self._acknowledge_close()
         if self._closed.is_set():
             closed = self._protocol.closed
             assert closed is not None  # _closed is set only by _mark_closed
-            raise _closed_error(closed)
+            raise closed_error(closed)
         receivers = self._receivers
         if len(receivers) >= 8:  # drop those of cancelled recv() calls
             receivers[:] = [f for f in receivers if not f.done()]
@@ -398,12 +424,19 @@ class Session:
             raise StopAsyncIteration from None
 
     async def close(self, reason: str = "") -> None:
-        """Close the session: CLOSE, wait for the acknowledgement (close_timeout), close the channel."""
+        """Close the session: CLOSE, wait for the acknowledgement (close_timeout), close the channel.
+
+        If the peer closed first, this acknowledges its CLOSE after whatever was sent before.
+        Messages received before the end stay readable with recv() afterwards.
+        """
+        await self._close(reason)
+
+    async def _close(self, reason: str, code: str = "NORMAL") -> None:
         timeout = self._protocol.config.timers.close_timeout
         self._closing = True
         self._update_reading()  # the acknowledgement must be readable even if the inbox is full
         if self._protocol.state is not State.CLOSED:
-            self._protocol.close(self._loop.time(), reason)
+            self._protocol.close(self._loop.time(), reason, code=code)
             self._after_protocol_step()
             try:
                 async with asyncio.timeout(timeout):
@@ -475,8 +508,12 @@ class Session:
 
     def _after_protocol_step(self) -> None:
         """Collect events and re-arm the timer after the protocol was fed something."""
-        while (event := self._protocol.next_event()) is not None:
+        protocol = self._protocol
+        while (event := protocol.next_event()) is not None:
             if isinstance(event, Established):
+                # Raise the channel's limit from the handshake's (control messages only) to the
+                # negotiated one now, before the peer's first DATA is read.
+                self._channel.set_max_message_size(transport_limit(event.info.max_payload))
                 self._opened_at = self._loop.time()
                 _log_opened(event.info, self._channel.remote_address)
                 if tracing.ENABLED:
@@ -490,6 +527,13 @@ class Session:
                 self._tasks.append(asyncio.create_task(self._admit(event), name="m2mwire-admission"))
             else:
                 self._mark_closed(event)
+        if (
+            protocol.state is _CLOSE_RECEIVED
+            and not self._inbox
+            and any(not waiter.done() for waiter in self._receivers)
+        ):
+            self._acknowledge_close()  # the application waits in recv(): it has taken everything
+            return
         self._arm_timer()
 
     async def _admit(self, event: HelloReceived) -> None:
@@ -506,6 +550,11 @@ class Session:
             protocol.admit(self._loop.time())
         else:
             protocol.refuse(verdict.code, verdict.message)
+        self._after_protocol_step()
+        self._writer_wakeup.set()
+
+    def _acknowledge_close(self) -> None:
+        self._protocol.acknowledge_close()
         self._after_protocol_step()
         self._writer_wakeup.set()
 
@@ -535,11 +584,11 @@ class Session:
 
     def _mark_closed(self, event: Closed) -> None:
         if not self._established.done():
-            self._established.set_exception(_closed_error(event, handshake=True))
+            self._established.set_exception(closed_error(event, handshake=True))
             self._established.exception()  # mark retrieved: a server may never await it
         self._closed.set()
         self._wake_receivers()
-        self._correlator.fail_all(_closed_error(event))
+        self._correlator.fail_all(closed_error(event))
         if self._opened_at is not None and self._protocol.info is not None:
             _log_closed(self._protocol.info, event, self.stats, self._loop.time() - self._opened_at)
         if self._span is not None:
@@ -556,13 +605,18 @@ class Session:
         async with self._write_lock:
             self._writing = True
             try:
+                inflight = self._inflight
+                if inflight is not None:  # left by a cancelled caller: it goes out first
+                    with contextlib.suppress(TransportError):  # _write_finished handled it
+                        await asyncio.shield(inflight)
                 # One output at a time: a cancelled write loses nothing queued behind it.
                 while (out := self._protocol.next_output()) is not None:
                     if isinstance(out, CloseTransport):
                         await self._close_channel(out.code, out.reason)
                     elif not self._transport_closed:
                         try:
-                            await self._channel.send(out.message)
+                            if (task := self._start_write(out.message)) is not None:
+                                await asyncio.shield(task)
                         except TransportError as exc:
                             self._on_transport_closed(exc)
                     if self._paused:
@@ -570,8 +624,49 @@ class Session:
             finally:
                 self._writing = False
 
+    def _start_write(self, message: str | Sequence[Buffer]) -> asyncio.Task[None] | None:
+        """Start channel.send(message) such that cancelling the caller never cuts a message in half;
+        returns None when it is done, or the task that finishes it (await it through shield()).
+
+        The send runs in the caller's task up to its first wait, so a write that need not wait
+        costs nothing extra (no task, no loop turn). One that must wait (the peer reads slowly)
+        goes on in a task of its own: a cancelled caller then leaves it running (the next write
+        waits for it), and the write_timeout timer drops a peer that lets it wait too long.
+        """
+        coro = self._channel.send(message)
+        try:
+            waiting_on = coro.send(None)
+        except StopIteration:
+            return None
+        task = self._loop.create_task(_resume(coro, waiting_on))
+        self._inflight = task
+        self._write_timer = self._loop.call_later(
+            self._protocol.config.timers.write_timeout, self._on_write_timeout, task
+        )
+        task.add_done_callback(self._write_finished)
+        return task
+
+    def _write_finished(self, task: asyncio.Task[None]) -> None:
+        if self._inflight is task:
+            self._inflight = None
+            if self._write_timer is not None:
+                self._write_timer.cancel()
+                self._write_timer = None
+        if not task.cancelled() and isinstance(exc := task.exception(), TransportError):
+            self._on_transport_closed(exc)  # also when no caller waits for it any more
+
+    def _on_write_timeout(self, task: asyncio.Task[None]) -> None:
+        if self._inflight is not task or task.done():
+            return
+        self._write_timer = None
+        self._protocol.write_stalled(self._protocol.config.timers.write_timeout)
+        self._after_protocol_step()
+        self._abort_channel()  # frees what the transport holds; the waiting write fails with it
+
     async def _writer(self) -> None:
-        while True:
+        # Ends with the channel, so that a session the application never closes is not kept alive
+        # by its own task (a cycle through the task's frame).
+        while not self._transport_closed:
             await self._writer_wakeup.wait()
             self._writer_wakeup.clear()
             await self._write_pending()
@@ -594,16 +689,26 @@ class Session:
                     return
                 inbox = self._inbox
                 inbox.append(message)
+                self._inbox_bytes += queued_cost(message)
                 if self._receivers:
                     self._wake_receivers()
-                if self._paused or len(inbox) >= self._max_queue:
+                if (
+                    self._paused
+                    or len(inbox) >= self._max_queue
+                    or self._inbox_bytes >= self._max_queue_bytes
+                ):
                     self._update_reading()
                 return
             self._after_protocol_step()
             backlog = proto.output_backlog
             if backlog:
                 self._writer_wakeup.set()  # PONG, CLOSE acknowledgement, REJECT, ...
-            if self._paused or len(self._inbox) >= self._max_queue or backlog > _MAX_OUTPUT_BACKLOG:
+            if (
+                self._paused
+                or len(self._inbox) >= self._max_queue
+                or self._inbox_bytes >= self._max_queue_bytes
+                or backlog > _MAX_OUTPUT_BACKLOG
+            ):
                 self._update_reading()  # only then can it change anything
         except Exception:  # a bug must not leave the application waiting forever
             log.exception("session failed to process a message")
@@ -611,18 +716,20 @@ class Session:
             self._on_transport_closed(TransportError("internal error while processing a message"))
 
     def _update_reading(self) -> None:
-        """Stop reading while the application lags (inbox full) or the peer makes us queue output
-        faster than it reads (e.g. a PING flood); resume at half those marks."""
+        """Stop reading while the application lags (inbox full, in messages or in bytes) or the peer
+        makes us queue output faster than it reads (e.g. a PING flood); resume at half those marks."""
         if self._closing or self._closed.is_set():
             pause = False
         elif self._paused:
             pause = (
                 len(self._inbox) + self._correlator.buffered > self._max_queue // 2
+                or self._inbox_bytes > self._max_queue_bytes // 2
                 or self._protocol.output_backlog > _MAX_OUTPUT_BACKLOG // 2
             )
         else:
             pause = (
                 len(self._inbox) + self._correlator.buffered >= self._max_queue
+                or self._inbox_bytes >= self._max_queue_bytes
                 or self._protocol.output_backlog > _MAX_OUTPUT_BACKLOG
             )
         if pause == self._paused:
@@ -654,11 +761,14 @@ class Session:
         self._transport_closed = True
         self._protocol.transport_closed(None if exc.clean else exc)
         self._after_protocol_step()
+        self._writer_wakeup.set()  # to end
+        self._release_references()
 
     async def _close_channel(self, code: int, reason: str) -> None:
         if self._transport_closed:
             return
         self._transport_closed = True
+        self._writer_wakeup.set()  # to end
         try:
             async with asyncio.timeout(self._protocol.config.timers.close_timeout):
                 await self._channel.close(code, reason)
@@ -670,6 +780,7 @@ class Session:
         if self._transport_closed:
             return
         self._transport_closed = True
+        self._writer_wakeup.set()  # to end
         self._channel.abort()
 
     async def _shutdown(self) -> None:
@@ -691,6 +802,19 @@ class Session:
             task.cancel()
         if others:
             await asyncio.wait(others, timeout=5.0)
+        self._release_references()
+
+    def _release_references(self) -> None:
+        """Break the reference cycles of a finished session, so that it and every buffer it holds
+        are freed as soon as the application drops it, without waiting for the cycle collector:
+        a task's exception holds frames that hold this session, and a push channel's callbacks are
+        bound methods of it. Messages still in the inbox stay readable."""
+        self._tasks = [t for t in self._tasks if not t.done()]
+        if self._write_timer is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+        if self._push:
+            cast(PushChannel, self._channel).start_push(_ignore_message, _ignore_loss)
 
 
 def _log_opened(info: SessionInfo, remote: str) -> None:
@@ -748,14 +872,41 @@ async def _warm_tokenizers(info: SessionInfo, config: SessionConfig) -> None:
             log.debug("could not preload tokenizers %s: %s", missing, exc)
 
 
-def _closed_error(event: Closed, *, handshake: bool = False) -> M2MError:
-    if event.error is not None and (handshake or not isinstance(event.error, SessionClosed)):
-        return event.error
-    return SessionClosed(
-        f"session closed ({event.code}{': ' + event.reason if event.reason else ''})",
-        code=event.code,
-        reason=event.reason,
-    )
+def _ignore_message(_message: str | bytes) -> None:
+    """What a finished session's channel delivers to (nothing can arrive: it is closed)."""
+
+
+def _ignore_loss(_error: TransportError) -> None:
+    """See _ignore_message."""
+
+
+class _Resume:
+    """Awaitable that drives a coroutine which already suspended once, on ``waiting_on``.
+
+    What a Task does for a coroutine, from its second step on: it lets _start_write run a send
+    in the caller's task until it must wait, and only then move it into a task of its own.
+    """
+
+    def __init__(self, coro: Coroutine[Any, Any, None], waiting_on: Any) -> None:
+        self._coro = coro
+        self._waiting_on = waiting_on
+
+    def __await__(self) -> Generator[Any, Any, None]:
+        coro, pending = self._coro, self._waiting_on
+        while True:
+            try:
+                try:
+                    yield pending  # the future the coroutine waits on (or None: one loop turn)
+                except BaseException as exc:  # e.g. the task was cancelled at shutdown
+                    pending = coro.throw(exc)
+                else:
+                    pending = coro.send(None)
+            except StopIteration:
+                return
+
+
+async def _resume(coro: Coroutine[Any, Any, None], waiting_on: Any) -> None:
+    await _Resume(coro, waiting_on)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -763,7 +914,9 @@ def _closed_error(event: Closed, *, handshake: bool = False) -> M2MError:
 
 
 async def _open_channel(ep: Endpoint, config: SessionConfig, topts: dict[str, Any]) -> Channel:
-    max_size = config.max_payload
+    # Only control messages (ACCEPT, REJECT) until the session is established; the Session then
+    # raises the limit to the negotiated max_payload.
+    max_size = CONTROL_MESSAGE_LIMIT
     if ep.scheme in ("ws", "wss"):
         from m2mwire.transport.websocket import connect_websocket
 
@@ -829,10 +982,10 @@ class connect:
 
     Also awaitable: ``session = await m2mwire.connect(url)`` (then ``await session.close()``).
     Options: algorithms, encodings, preferred_encoding, identity, max_payload, timers (a Timers or a
-    dict), optimize, token_stats, agent_id, agent_type, limits, max_queue; transport options: ssl (an
-    SSLContext for wss://), cafile/cadata/fingerprint/insecure (TLS verification for wss:// and
-    quic://), server_name, open_timeout, idle_timeout (QUIC), connection (a QUIC connection from
-    :func:`open_quic_connection`, to run several sessions over one connection).
+    dict), optimize, token_stats, agent_id, agent_type, limits, max_queue, max_queue_bytes; transport
+    options: ssl (an SSLContext for wss://), cafile/cadata/fingerprint/insecure (TLS verification for
+    wss:// and quic://), server_name, open_timeout, idle_timeout (QUIC), connection (a QUIC
+    connection from :func:`open_quic_connection`, to run several sessions over one connection).
     """
 
     def __init__(self, url: str, **options: Any) -> None:
@@ -844,8 +997,6 @@ class connect:
         channel = await _open_channel(self._endpoint, self._config, self._topts)
         session = Session(channel, SessionProtocol(Role.CLIENT, self._config))
         await session._start()
-        if session.info.max_payload:
-            channel.set_max_message_size(session.info.max_payload)
         await _warm_tokenizers(session.info, self._config)
         self._session = session
         return session
@@ -921,6 +1072,7 @@ class Server:
         self._sessions: set[Session] = set()
         self._ended = Stats()  # sums over sessions that have ended
         self._opened = self._refused = 0
+        self._handler_tasks: set[asyncio.Task[Any]] = set()
         self._impl: Any = None
         self.port = self._endpoint.port
         self.fingerprint: str | None = None
@@ -966,6 +1118,9 @@ class Server:
         )
         session._admission = admission
         self._sessions.add(session)
+        task = asyncio.current_task()
+        if task is not None:
+            self._handler_tasks.add(task)  # aclose() cancels a handler that ignores the shutdown
         try:
             try:
                 info = await session._start()
@@ -975,18 +1130,23 @@ class Server:
                 log.info("session from %s not established: %s", channel.remote_address, exc)
                 return
             self._opened += 1
-            if info.max_payload:
-                channel.set_max_message_size(info.max_payload)
             await _warm_tokenizers(info, self._config)
             try:
                 with tracing.use(session._span):  # the handler's own spans join the session's trace
                     await self._handler(session)
-            except (SessionClosed, TransportError) as exc:
+            except M2MError as exc:
+                if session.close_event is None:
+                    raise  # not the session's end: the handler's own failure
+                # The session ended under the handler (peer gone, timeout, ...): not a server bug.
                 log.info("session %s ended in handler: %s", info.session_id, exc)
-            except Exception:
-                log.exception("session handler failed for session %s", info.session_id)
             await session.close()
+        except Exception as exc:
+            log.exception("session handler failed for session %s", session._protocol.session_id or "-")
+            # Tell the peer the session failed (not a clean end): CLOSE INTERNAL_ERROR, then 1011.
+            await session._close(f"the server's handler failed ({type(exc).__name__})", "INTERNAL_ERROR")
         finally:
+            if task is not None:
+                self._handler_tasks.discard(task)
             self._sessions.discard(session)
             _add_stats(self._ended, session.stats)
             if session._protocol.session_id is not None:
@@ -1004,8 +1164,9 @@ class Server:
             ssl_ctx = self._topts.get("ssl")
             if ep.scheme == "wss" and ssl_ctx is None:
                 ssl_ctx, self.fingerprint = _server_ssl(self._topts)
+            # Until a session is established only control messages arrive (see transport_limit).
             self._impl = await serve_websocket(
-                self._run_session, ep.host, ep.port, max_message_size=self._config.max_payload, ssl=ssl_ctx
+                self._run_session, ep.host, ep.port, max_message_size=CONTROL_MESSAGE_LIMIT, ssl=ssl_ctx
             )
             self.port = self._impl.sockets[0].getsockname()[1]
         else:
@@ -1013,7 +1174,7 @@ class Server:
 
             qopts = {k: v for k, v in self._topts.items() if k in ("certfile", "keyfile", "idle_timeout")}
             self._impl = await serve_quic(
-                self._run_session, ep.host, ep.port, max_message_size=self._config.max_payload, **qopts
+                self._run_session, ep.host, ep.port, max_message_size=CONTROL_MESSAGE_LIMIT, **qopts
             )
             self.port = self._impl.port
             self.fingerprint = self._impl.fingerprint
@@ -1030,12 +1191,27 @@ class Server:
     async def aclose(self) -> None:
         """Close every live session (CLOSE handshake), then stop the listener and wait for it.
 
+        Takes at most about ``close_timeout``: sessions close concurrently (each within
+        close_timeout), then a handler still running on its closed session is cancelled.
         Sessions go first: a QUIC server's close ends its connections at once, which would cut
         the CLOSE exchange short.
         """
-        await asyncio.gather(
-            *(s.close("server shutting down") for s in list(self._sessions)), return_exceptions=True
-        )
+        timeout = self._config.timers.close_timeout
+        closing = [s.close("server shutting down") for s in list(self._sessions)]
+        if closing:
+            # Session.close() bounds itself; this only guards the sum of its steps.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout + 0.5):
+                    await asyncio.gather(*closing, return_exceptions=True)
+        # Handlers get a moment to notice their session ended; one that ignores it is cancelled,
+        # otherwise the listener's wait_closed() would wait for it forever.
+        handlers = [t for t in self._handler_tasks if not t.done()]
+        if handlers:
+            _, pending = await asyncio.wait(handlers, timeout=0.1)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
         self.close()
         await self.wait_closed()
 

@@ -12,7 +12,27 @@ from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits, MiB
 from m2mwire.errors import ConfigError, EncodeError
 from m2mwire.schemas.identity import ModelIdentity
 
-__all__ = ["DEFAULT_ALGORITHMS", "SESSION_OPTIONS", "SessionConfig", "Timers", "make_config"]
+__all__ = [
+    "CONTROL_MESSAGE_LIMIT",
+    "DEFAULT_ALGORITHMS",
+    "SESSION_OPTIONS",
+    "SessionConfig",
+    "Timers",
+    "make_config",
+    "transport_limit",
+]
+
+# Largest control message (HELLO, ACCEPT, REJECT, PING, PONG, CLOSE) either end accepts, whatever
+# max_payload is: a real HELLO or ACCEPT is under 2 KiB, so 64 KiB leaves room for long identity
+# strings, while a peer can no longer make us parse megabytes of algorithm names. It is fixed, not
+# tied to max_payload, so that a small max_payload never refuses the other side's ACCEPT.
+CONTROL_MESSAGE_LIMIT = 64 * 1024
+
+
+def transport_limit(max_payload: int) -> int:
+    """The channel's incoming message limit for a session allowing ``max_payload`` (0 = none)."""
+    return max(max_payload, CONTROL_MESSAGE_LIMIT) if max_payload > 0 else 0
+
 
 # Preference order when the caller says nothing: token-efficient first, passthrough last. m2m (the
 # reference 0.4's M2M v1 frames) is offered so a peer that speaks only that gets a session; automatic
@@ -37,6 +57,9 @@ class Timers:
     max_missed_pongs: int = 3  # this many unanswered PINGs in a row close the session
     close_timeout: float = 5.0  # our CLOSE must be acknowledged within this
     session_timeout: float = 300.0  # no DATA either way for this long closes the session
+    # One message that the transport cannot take for this long (the peer stopped reading) drops
+    # the peer. The ping timers cannot see such a peer: we stop reading while our writes wait.
+    write_timeout: float = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +78,9 @@ class SessionConfig:
     optimize: Literal["bytes", "tokens"] = "bytes"  # what automatic algorithm selection minimises
     token_stats: bool = False  # count cl100k tokens of every message for Session.stats (costs CPU)
     max_queue: int = 64  # received messages buffered before we stop reading (backpressure)
+    # ... and their decoded size: reading also stops once this many bytes wait for the application
+    # (2x the default max_payload, so two largest messages fit; at least one message always does).
+    max_queue_bytes: int = 32 * MiB
     token: str | None = None  # client: credential sent in HELLO for the server's on_hello check
 
     def resolved_encodings(self) -> tuple[Encoding, ...]:
@@ -113,6 +139,10 @@ def make_config(options: dict[str, Any]) -> SessionConfig:
     max_payload = opts.get("max_payload", 0)
     if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload < 0:
         raise ConfigError(f"max_payload= takes a number of bytes (0 = unlimited), not {max_payload!r}")
+    for name in ("max_queue", "max_queue_bytes"):
+        value = opts.get(name, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{name}= takes a number above 0, not {value!r}")
     config = SessionConfig(**opts)
     if config.preferred_encoding is not None and config.preferred_encoding not in config.resolved_encodings():
         raise EncodeError(

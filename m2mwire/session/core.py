@@ -9,7 +9,11 @@ are deadlines that the shell asks for (:meth:`next_deadline`) and reports back
 (:meth:`handle_timer`). This is the design of h11, wsproto and aioquic's ``QuicConnection``, so
 every rule is testable without I/O.
 
-States: INITIAL -> HELLO_SENT (client) -> ESTABLISHED -> CLOSING -> CLOSED.
+States: INITIAL -> HELLO_SENT (client) -> ESTABLISHED -> CLOSING -> CLOSED, and
+ESTABLISHED -> CLOSE_RECEIVED -> CLOSED when the peer closes first: the application still gets
+what arrived before the CLOSE and may still send its replies until it acknowledges
+(:meth:`acknowledge_close`, called by the shell when the application is done, or at the latest
+``close_timeout / 2`` after the CLOSE arrived, so that a peer with the same timers sees it in time).
 """
 
 from __future__ import annotations
@@ -66,7 +70,7 @@ from m2mwire.schemas.messages import (
     encode_data,
     encode_message,
 )
-from m2mwire.session.config import SessionConfig
+from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, SessionConfig
 from m2mwire.session.negotiation import (
     Negotiated,
     Refusal,
@@ -94,6 +98,8 @@ __all__ = [
     "SessionProtocol",
     "State",
     "Stats",
+    "closed_error",
+    "queued_cost",
 ]
 
 log = logging.getLogger("m2mwire.session")
@@ -105,6 +111,14 @@ AVP_RESERVED_PREFIX = "m2mwire."
 AVP_REQUEST_ID_KEY = "m2mwire.request_id"
 AVP_REPLY_TO_KEY = "m2mwire.reply_to"
 AVP_MORE_KEY = "m2mwire.more"
+# Longest piece of peer input (a name, a version, a type) we repeat in a REJECT, a CLOSE or the log:
+# a peer must not be able to make us echo back or store what it sent in bulk.
+MAX_ECHO_CHARS = 200
+# Lists a HELLO/ACCEPT may carry: there are 8 algorithms and a handful of tokenizers.
+MAX_CAPABILITY_ITEMS = 64
+# The same warning about one session is logged at most once per this many seconds (with a count of
+# those suppressed), so a peer cannot grow the log by flooding, e.g., messages of unknown types.
+WARNING_INTERVAL = 10.0
 _TOKENNATIVE_BINARY_IDS = frozenset({0, 1, 2})
 
 
@@ -116,6 +130,7 @@ class State(Enum):
     INITIAL = "INITIAL"
     HELLO_SENT = "HELLO_SENT"
     ESTABLISHED = "ESTABLISHED"
+    CLOSE_RECEIVED = "CLOSE_RECEIVED"  # the peer closed; our acknowledgement waits for the application
     CLOSING = "CLOSING"
     CLOSED = "CLOSED"
 
@@ -125,6 +140,7 @@ class State(Enum):
 _ESTABLISHED = State.ESTABLISHED
 _CLOSING = State.CLOSING
 _CLOSED = State.CLOSED
+_CLOSE_RECEIVED = State.CLOSE_RECEIVED
 # Messages and stats carry algorithm names as plain str (Enum.value is a slow property).
 _UNSET = msgspec.UNSET
 _NAMES: dict[Algorithm, str] = {a: a.value for a in Algorithm}
@@ -268,6 +284,47 @@ class HelloReceived:
 Event = Established | Closed | HelloReceived
 
 
+def closed_error(event: Closed, *, handshake: bool = False) -> M2MError:
+    """The exception that send() and recv() raise once the session is over (the same for both).
+
+    A fresh copy each time: raising attaches a traceback, whose frames would keep the session
+    alive through the stored error (a reference cycle only the garbage collector breaks).
+    """
+    error = event.error
+    if error is not None and (handshake or not isinstance(error, SessionClosed)):
+        fresh = type(error).__new__(type(error), *error.args)  # no __init__: kw-only fields vary
+        fresh.__dict__.update(error.__dict__)
+        fresh.__cause__ = error.__cause__
+        return fresh
+    return SessionClosed(
+        f"session closed ({event.code}{': ' + event.reason if event.reason else ''})",
+        code=event.code,
+        reason=event.reason,
+    )
+
+
+def queued_cost(message: Message) -> int:
+    """What a received message costs while it waits for the application (max_queue_bytes): what it
+    holds in memory once decoded, as the decoder measured it (``Message.decoded_bytes``); for a
+    message built without that figure, the larger of its decoded and wire sizes."""
+    return message.decoded_bytes or max(message.original_bytes, message.wire_bytes)
+
+
+def _bounded(text: str) -> str:
+    """Peer-controlled text cut to MAX_ECHO_CHARS, for REJECT and CLOSE reasons and the log."""
+    if len(text) <= MAX_ECHO_CHARS:
+        return text
+    return f"{text[:MAX_ECHO_CHARS]}... ({len(text)} characters)"
+
+
+class _TypeOnly(msgspec.Struct):
+    type: str = ""
+
+
+# Reads only the "type" of an oversized message (skipping the rest is ~1 GB/s in msgspec).
+_type_decoder = msgspec.json.Decoder(_TypeOnly)
+
+
 # Outputs returned by data_to_send()
 
 
@@ -294,6 +351,7 @@ CLOSE_NORMAL = 1000
 CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_TOO_BIG = 1009
 CLOSE_GOING_AWAY = 1001
+CLOSE_INTERNAL_ERROR = 1011
 
 
 class SessionProtocol:
@@ -336,6 +394,10 @@ class SessionProtocol:
         # What the codecs may produce on this session: the negotiated max_payload bounds the decoded
         # content on both sides (PROTOCOL.md "Resource bounds"), so decoders stop at it.
         self._limits = config.limits
+        self._peer_close: Closed | None = None  # the peer's CLOSE, while in CLOSE_RECEIVED
+        self._close_code = CLOSE_NORMAL  # transport close code once our CLOSE is acknowledged
+        self._warned_at = -WARNING_INTERVAL  # rate limit of _warn()
+        self._warnings_suppressed = 0
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -369,7 +431,13 @@ class SessionProtocol:
         if self.state is _ESTABLISHED:
             data = decode_data(text, limits=self.config.limits)  # the per-message case, in one pass
             if data is not None:
+                if len(text) > self._payload_limit:  # chars <= bytes: only then can it be over
+                    self._check_received_size(text)
+                    if self.state is _CLOSED:
+                        return None
                 return self._on_data(data.session_id, data.payload, now)
+        if len(text) > CONTROL_MESSAGE_LIMIT and not self._large_message_allowed(text):
+            return None
         try:
             msg = decode_message(text, limits=self.config.limits)
         except LimitExceeded as exc:
@@ -379,8 +447,12 @@ class SessionProtocol:
             self._fail(exc, exc.code, CLOSE_PROTOCOL_ERROR)
             return None
         if msg.type is None:
-            log.warning("ignoring message of unknown type %r", msg.type_name[:40])
+            self._warn(now, "ignoring message of unknown type %r", _bounded(msg.type_name))
             return None
+        if msg.type is MessageType.DATA and len(text) > self._payload_limit:
+            self._check_received_size(text)  # DATA in another key order than decode_data's
+            if self.state is _CLOSED:
+                return None
         handler = _HANDLERS[msg.type]
         return handler(self, msg.session_id, msg.payload, now)
 
@@ -392,12 +464,18 @@ class SessionProtocol:
             return None
         self._last_received = now
         if state is not _ESTABLISHED and state is not _CLOSING:
-            self._protocol_violation(
-                "binary frame before the session was established", "BINARY_BEFORE_ACCEPT"
-            )
+            if state is _CLOSE_RECEIVED:
+                self._protocol_violation("binary frame after the peer's CLOSE", "UNEXPECTED_MESSAGE")
+            else:
+                self._protocol_violation(
+                    "binary frame before the session was established", "BINARY_BEFORE_ACCEPT"
+                )
             return None
         view = data if type(data) is bytes else memoryview(data)  # bytes index and slice as they are
         size = len(view)
+        if size > self._payload_limit:  # the channel lets control-sized messages through
+            self._too_big(size, "binary message")
+            return None
         if size == 0:
             self._protocol_violation("empty binary frame", "MALFORMED_MESSAGE")
             return None
@@ -599,21 +677,54 @@ class SessionProtocol:
         return sent
 
     def close(self, now: float, reason: str = "", *, code: str = "NORMAL") -> None:
-        """Begin an orderly close: CLOSE now, CLOSED once the peer acknowledges (or close_timeout)."""
+        """Begin an orderly close: CLOSE now, CLOSED once the peer acknowledges (or close_timeout).
+
+        ``code`` other than NORMAL tells the peer the session failed (e.g. INTERNAL_ERROR when a
+        server's handler raised); INTERNAL_ERROR also closes the transport with 1011.
+        """
         if self.state in (State.CLOSING, State.CLOSED):
+            return
+        if self.state is _CLOSE_RECEIVED:  # the peer closed first: this is our acknowledgement
+            self.acknowledge_close()
             return
         if self.state is State.ESTABLISHED:
             self._send_close(code, reason)
             self.state = State.CLOSING
             self._close_deadline = now + self.config.timers.close_timeout
             self._pong_deadline = None
+            if code == "INTERNAL_ERROR":
+                self._close_code = CLOSE_INTERNAL_ERROR
             return
         # Not established yet: there is no session to close on the wire.
         self._finish(Closed(code, reason, by_peer=False), CLOSE_NORMAL)
 
+    def acknowledge_close(self) -> None:
+        """In CLOSE_RECEIVED: the application is done (it asked for more than was received before
+        the CLOSE, closed, or ran out of time). Acknowledge after whatever it sent meanwhile."""
+        peer_close = self._peer_close
+        if self.state is not _CLOSE_RECEIVED or peer_close is None:
+            return
+        self._send_close("NORMAL", "acknowledged")
+        self._finish(peer_close, CLOSE_NORMAL)
+
+    def write_stalled(self, waited: float) -> None:
+        """The shell could not hand one message to the transport for ``waited`` seconds: the peer
+        reads nothing. End the session (the shell drops the connection: nothing more can be written)."""
+        if self.state is State.CLOSED:
+            return
+        err = SessionTimeout(
+            f"the peer read nothing for {waited:g} s while we had a message to send (write_timeout); "
+            "dropped it"
+        )
+        log.info("session %s: %s", self._session_id or "-", err)
+        self._finish(Closed("WRITE_TIMEOUT", str(err), by_peer=False, error=err), None)
+
     def transport_closed(self, error: M2MError | None = None) -> None:
         """The channel underneath is gone (peer vanished, connection lost, orderly transport close)."""
         if self.state is State.CLOSED:
+            return
+        if self.state is _CLOSE_RECEIVED and self._peer_close is not None:
+            self._finish(self._peer_close, None)  # the peer had closed anyway: an orderly end
             return
         if self.state is State.CLOSING:
             self._finish(Closed("NORMAL", "transport closed during CLOSE", by_peer=True), None)
@@ -630,8 +741,11 @@ class SessionProtocol:
             self._finish(Closed("HELLO_TIMEOUT", str(err), by_peer=False, error=err), CLOSE_GOING_AWAY)
             return
         if self._close_deadline is not None and now >= self._close_deadline:
+            if self.state is _CLOSE_RECEIVED:  # the application took too long: acknowledge anyway
+                self.acknowledge_close()
+                return
             err = SessionTimeout(f"CLOSE not acknowledged within {t.close_timeout:g} s (close_timeout)")
-            self._finish(Closed("NORMAL", str(err), by_peer=False, error=err), CLOSE_NORMAL)
+            self._finish(Closed("NORMAL", str(err), by_peer=False, error=err), self._close_code)
             return
         if self.state is not State.ESTABLISHED:
             return
@@ -728,6 +842,9 @@ class SessionProtocol:
             self._protocol_violation(f"unexpected HELLO in state {self.state.value}", "UNEXPECTED_MESSAGE")
             return
         assert isinstance(payload, Capabilities)
+        if (refusal := _oversized_lists(payload)) is not None:
+            self._reject("MESSAGE_TOO_BIG", refusal)
+            return
         cfg = self.config
         result = negotiate_server(
             payload,
@@ -881,20 +998,37 @@ class SessionProtocol:
             self.stats.ping_rtt = now - self._ping_sent_at
             self._ping_sent_at = None
 
-    def _on_close(self, _sid: str | None, payload: Any, _now: float) -> None:
+    def _on_close(self, _sid: str | None, payload: Any, now: float) -> None:
         reason = ""
         code = "NORMAL"
         if isinstance(payload, ClosePayload):
             if isinstance(payload.reason, str):
-                code = payload.reason
+                code = _bounded(payload.reason)
             if isinstance(payload.message, str):
-                reason = payload.message
+                reason = _bounded(payload.message)
         if self.state is State.CLOSING:
-            self._finish(Closed(code, reason, by_peer=False, error=self._closed_error), CLOSE_NORMAL)
+            self._finish(Closed(code, reason, by_peer=False, error=self._closed_error), self._close_code)
             return
+        if self.state is _CLOSE_RECEIVED:  # a repeated CLOSE: the peer is in a hurry
+            self.acknowledge_close()
+            return
+        # A CLOSE with a code other than NORMAL says the peer's side failed (its handler raised,
+        # it timed out, ...): the application must be able to tell that from a clean end.
+        error = (
+            None
+            if code == "NORMAL"
+            else SessionClosed(f"the peer closed the session: {code}: {reason}", code=code, reason=reason)
+        )
+        closed = Closed(code, reason, by_peer=True, error=error)
         if self.state is State.ESTABLISHED:
-            self._send_close("NORMAL", "acknowledged")
-        self._finish(Closed(code, reason, by_peer=True), CLOSE_NORMAL)
+            # Keep the session open for sending: the application still gets every message that
+            # arrived before this CLOSE, and its replies to them go out before our acknowledgement.
+            self.state = State.CLOSE_RECEIVED
+            self._peer_close = closed
+            self._close_deadline = now + self.config.timers.close_timeout / 2
+            self._pong_deadline = None
+            return
+        self._finish(closed, CLOSE_NORMAL)
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -942,12 +1076,49 @@ class SessionProtocol:
         self._events.append(Established(self.info))
 
     def _require_established(self) -> SessionInfo:
-        if self.state is not State.ESTABLISHED or self.info is None:
+        """The session info if the application may send (also after the peer's CLOSE, until we
+        acknowledge it: replies it still owes go out first), else raise."""
+        state = self.state
+        if (state is not _ESTABLISHED and state is not _CLOSE_RECEIVED) or self.info is None:
             if self._closed_event is not None:
-                c = self._closed_event
-                raise SessionClosed(f"session is closed ({c.code}: {c.reason})", code=c.code, reason=c.reason)
+                raise closed_error(self._closed_event)  # what recv() raises, too
             raise SessionClosed(f"session is {self.state.value}, not ESTABLISHED", code=self.state.value)
         return self.info
+
+    def _check_received_size(self, text: str) -> None:
+        size = len(text) if text.isascii() else _utf8_len(text)
+        if size > self._payload_limit:
+            self._too_big(size, "DATA message")
+
+    def _too_big(self, size: int, what: str) -> None:
+        limit = self._payload_limit
+        err = LimitExceeded(
+            f"received {what} of {size} bytes, over the negotiated max_payload of {limit} bytes",
+            limit=limit,
+            actual=size,
+        )
+        self._fail(err, "MESSAGE_TOO_BIG", CLOSE_TOO_BIG)
+
+    def _large_message_allowed(self, text: str) -> bool:
+        """A message over CONTROL_MESSAGE_LIMIT may only be DATA (within max_payload) in an
+        established session; anything else fails the session before it is parsed."""
+        try:
+            kind = _type_decoder.decode(text).type
+        except (msgspec.DecodeError, UnicodeError):
+            kind = ""
+        if kind == "DATA" and self.state in (_ESTABLISHED, _CLOSING):
+            if len(text) > self._payload_limit:
+                self._check_received_size(text)
+            return self.state is not _CLOSED
+        size = len(text) if text.isascii() else _utf8_len(text)
+        err = LimitExceeded(
+            f"{_bounded(kind) or 'a message'} of {size} bytes: control messages are limited to "
+            f"{CONTROL_MESSAGE_LIMIT} bytes",
+            limit=CONTROL_MESSAGE_LIMIT,
+            actual=size,
+        )
+        self._fail(err, "MESSAGE_TOO_BIG", CLOSE_TOO_BIG)
+        return False
 
     def _check_payload_size(self, size: int, what: str) -> None:
         limit = self._payload_limit
@@ -989,13 +1160,11 @@ class SessionProtocol:
         self.outputs_total += 1
 
     def _send_close(self, code: str, message: str) -> None:
-        self._send_text(
-            encode_message(
-                MessageType.CLOSE, ClosePayload(reason=code, message=message), session_id=self._session_id
-            )
-        )
+        payload = ClosePayload(reason=_bounded(code), message=_bounded(message))
+        self._send_text(encode_message(MessageType.CLOSE, payload, session_id=self._session_id))
 
     def _reject(self, code: str, message: str) -> None:
+        message = _bounded(message)
         self._send_text(encode_message(MessageType.REJECT, Rejection(code=code, message=message)))
         err = SessionRejected(f"rejected the client's HELLO: {code}: {message}", code=code)
         self._finish(Closed(code, message, by_peer=False, error=err), CLOSE_NORMAL)
@@ -1024,22 +1193,55 @@ class SessionProtocol:
 
     def _fail(self, err: M2MError, code: str, close_code: int) -> None:
         """The peer broke the rules: tell it why (REJECT before a session exists, else CLOSE), then end."""
+        reason = _bounded(str(err))
         if self.state is State.INITIAL and self.role is Role.SERVER:
             self._send_text(
-                encode_message(MessageType.REJECT, Rejection(code="UNKNOWN", message=f"{code}: {err}"))
+                encode_message(MessageType.REJECT, Rejection(code="UNKNOWN", message=f"{code}: {reason}"))
             )
-        elif self.state in (State.ESTABLISHED, State.CLOSING, State.HELLO_SENT):
-            self._send_close(code, str(err))
-        log.warning("session %s: %s: %s", self._session_id or "-", code, err)
-        self._finish(Closed(code, str(err), by_peer=False, error=err), close_code)
+        elif self.state in (State.ESTABLISHED, State.CLOSE_RECEIVED, State.CLOSING, State.HELLO_SENT):
+            self._send_close(code, reason)
+        log.warning("session %s: %s: %s", self._session_id or "-", code, reason)
+        self._finish(Closed(code, reason, by_peer=False, error=err), close_code)
+
+    def _warn(self, now: float, message: str, *args: object) -> None:
+        """log.warning, at most once per WARNING_INTERVAL for this session (counting the rest)."""
+        if now < self._warned_at + WARNING_INTERVAL:
+            self._warnings_suppressed += 1
+            return
+        suppressed, self._warnings_suppressed = self._warnings_suppressed, 0
+        self._warned_at = now
+        more = f" ({suppressed} similar warnings suppressed)" if suppressed else ""
+        log.warning("session %s: " + message + "%s", self._session_id or "-", *args, more)
 
     def _finish(self, event: Closed, close_code: int | None) -> None:
+        if event.error is not None:
+            _drop_tracebacks(event.error)
         self.state = State.CLOSED
         self._hello_deadline = self._close_deadline = self._pong_deadline = None
         self._closed_event = event
         self._events.append(event)
         if close_code is not None:
             self._queue_output(CloseTransport(close_code, event.code[:100]))
+
+
+def _drop_tracebacks(error: BaseException) -> None:
+    """Forget where ``error`` (and what caused it) was raised: the frames in a traceback hold the
+    objects of the session (channel, shell), and the session holds the error, a reference cycle
+    that only the garbage collector would free, with every buffer the session still holds."""
+    for exc in (error, error.__cause__, error.__context__):
+        if exc is not None:
+            exc.__traceback__ = None
+
+
+def _oversized_lists(caps: Capabilities) -> str | None:
+    """Why a HELLO's lists are too long to negotiate over, or None."""
+    for name, items in (
+        ("algorithms", caps.compression.algorithms),
+        ("encodings", caps.compression.encodings),
+    ):
+        if len(items) > MAX_CAPABILITY_ITEMS:
+            return f"HELLO lists {len(items)} {name}; at most {MAX_CAPABILITY_ITEMS} are accepted"
+    return None
 
 
 _Handler = Callable[[SessionProtocol, str | None, Any, float], Message | None]

@@ -43,6 +43,9 @@ def test_orderly_close_payloads_and_who_closes_the_websocket() -> None:
     (close,), no_close = sent(c)
     assert close["payload"] == {"reason": "NORMAL", "message": ""} and no_close == []  # waits for the ack
     s.receive_text(json.dumps(close), 1.0)
+    # The acknowledgement waits until the application is done with what came before the CLOSE.
+    assert s.state is State.CLOSE_RECEIVED and sent(s) == ([], [])
+    s.acknowledge_close()
     (ack,), (server_close,) = sent(s)
     assert ack["payload"] == {"reason": "NORMAL", "message": "acknowledged"}
     assert (server_close.code, server_close.reason) == (1000, "NORMAL")  # the acknowledger closes
@@ -54,6 +57,7 @@ def test_orderly_close_payloads_and_who_closes_the_websocket() -> None:
 def test_reference_close_payload_reads_as_normal() -> None:
     c, s = handshake(make_config({}), make_config({}))
     s.receive_text(json.dumps({"type": "CLOSE", "session_id": s.session_id, "payload": {}}), 1.0)
+    s.acknowledge_close()
     assert s.closed is not None and s.closed.code == "NORMAL"
 
 

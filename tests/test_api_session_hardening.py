@@ -1,0 +1,417 @@
+"""Issue 11 (session layer): attacks and misuse that lost data, pinned memory or hung a shutdown.
+
+Each test reproduces one finding over real loopback transports and failed before the fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import json
+import logging
+import time
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed
+
+from m2mwire.api import Server, Session, connect, serve
+from m2mwire.errors import M2MError, SessionClosed, SessionTimeout
+
+TRANSPORTS = ["ws", "quic"]
+
+
+@pytest.fixture(params=TRANSPORTS)
+def scheme(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def client_opts(server: Server) -> dict[str, Any]:
+    return {"fingerprint": server.fingerprint} if server.fingerprint else {}
+
+
+@asynccontextmanager
+async def running(
+    handler: Callable[[Session], Awaitable[None]], scheme: str, **options: Any
+) -> AsyncIterator[Server]:
+    async with serve(handler, f"{scheme}://127.0.0.1:0", **options) as server:
+        yield server
+
+
+def hello(**compression: Any) -> str:
+    caps = {"algorithms": ["none"], "max_payload": 0, "streaming": False, "ml_routing": False}
+    caps.update(compression)
+    payload = {"version": "3.0", "agent_id": "raw", "agent_type": "raw", "compression": caps}
+    return json.dumps({"type": "HELLO", "payload": payload, "timestamp": 1})
+
+
+def data(sid: str, text: str) -> str:
+    payload = {"algorithm": "none", "content": text, "original_size": len(text), "content_type": "text"}
+    return json.dumps({"type": "DATA", "session_id": sid, "payload": payload, "timestamp": 1})
+
+
+def close_msg(sid: str) -> str:
+    payload = {"reason": "NORMAL", "message": "bye"}
+    return json.dumps({"type": "CLOSE", "session_id": sid, "payload": payload, "timestamp": 1})
+
+
+async def slow_echo(session: Session) -> None:
+    async for message in session:
+        await asyncio.sleep(0.02)  # the reply takes a moment to compute
+        await session.send("re:" + (message.text or ""))
+
+
+# -- 11.2: a CLOSE must not drop the replies the application still owes ----------------------------
+
+
+async def test_replies_owed_at_a_peer_close_arrive_before_the_acknowledgement() -> None:
+    async with running(slow_echo, "ws") as server:
+        async with ws_connect(server.url, compression=None) as ws:
+            await ws.send(hello())
+            sid = json.loads(await ws.recv())["session_id"]
+            for i in range(5):
+                await ws.send(data(sid, f"m{i}"))
+            await ws.send(close_msg(sid))
+            seen: list[tuple[str, str]] = []
+            async with asyncio.timeout(5):
+                while not seen or seen[-1][0] != "CLOSE":
+                    msg = json.loads(await ws.recv())
+                    seen.append((msg["type"], msg["payload"].get("content", "")))
+    assert seen == [("DATA", f"re:m{i}") for i in range(5)] + [("CLOSE", "")]
+
+
+async def test_client_close_waits_for_the_servers_replies(scheme: str) -> None:
+    async with running(slow_echo, scheme) as server:
+        client = await connect(server.url, **client_opts(server))
+        for i in range(5):
+            await client.send(f"m{i}")
+        await asyncio.wait_for(client.close(), 10)
+        replies = [(await client.recv()).text for _ in range(5)]  # received before the end
+        assert replies == [f"re:m{i}" for i in range(5)]
+        event = client.close_event
+        assert event is not None and event.error is None, event
+
+
+# -- 11.3: a cancelled send() is still sent, whole and in order --------------------------------------
+
+
+async def test_a_cancelled_send_is_still_sent_without_a_later_send(scheme: str) -> None:
+    got: list[str] = []
+    arrived = asyncio.Event()
+
+    async def collect(session: Session) -> None:
+        await asyncio.sleep(0.5)  # reads nothing at first: the client's sends must wait
+        async for message in session:
+            got.append((message.text or "")[:4])
+            if len(got) == 4:
+                arrived.set()
+
+    async with running(collect, scheme, max_queue=1) as server:
+        async with connect(server.url, **client_opts(server)) as client:
+            big = "x" * 8_000_000
+            tasks = [asyncio.create_task(client.send(f"{i:04d}" + big, algorithm="none")) for i in range(3)]
+            tasks.append(asyncio.create_task(client.send("0003", algorithm="none")))
+            async with asyncio.timeout(5):
+                while not client._writing:  # a write waits for the transport, others queue
+                    await asyncio.sleep(0.005)
+            for task in tasks:
+                task.cancel()
+            results = await asyncio.gather(*tasks, return_exceptions=True)
+            assert any(isinstance(r, asyncio.CancelledError) for r in results), results
+            # Nothing else is sent: the cancelled messages must still go out, whole, in order.
+            await asyncio.wait_for(arrived.wait(), 10)
+    assert got == ["0000", "0001", "0002", "0003"]
+
+
+async def test_sends_cut_short_by_timeouts_all_arrive_in_order(scheme: str) -> None:
+    got: list[str] = []
+
+    async def collect(session: Session) -> None:
+        async for message in session:
+            got.append((message.text or "")[:4])
+            await asyncio.sleep(0.005)  # a slow reader: the client's sends wait
+
+    async with running(collect, scheme, max_queue=1) as server:
+        async with connect(server.url, **client_opts(server)) as client:
+            cut = 0
+            for i in range(20):
+                try:
+                    await asyncio.wait_for(client.send(f"{i:04d}" + "y" * 400_000, algorithm="none"), 0.001)
+                except TimeoutError:
+                    cut += 1
+            await client.send("done", algorithm="none")
+            assert cut > 0  # the test did cancel sends in flight
+            async with asyncio.timeout(10):
+                while len(got) < 21:
+                    await asyncio.sleep(0.02)
+    assert got == [f"{i:04d}" for i in range(20)] + ["done"]
+
+
+# -- 11.5: the inbox is bounded in bytes -------------------------------------------------------------
+
+
+async def test_inbox_is_bounded_in_bytes(scheme: str) -> None:
+    sessions: list[Session] = []
+    stop = asyncio.Event()
+
+    async def stalled(session: Session) -> None:  # never reads
+        sessions.append(session)
+        await stop.wait()
+
+    async with running(stalled, scheme, max_queue_bytes=4 * 2**20) as server:
+        async with connect(server.url, **client_opts(server)) as client:
+            payload = "z" * 2**20
+
+            async def flood() -> None:
+                for _ in range(40):
+                    await client.send(payload, algorithm="none")
+
+            sender = asyncio.create_task(flood())
+            await asyncio.sleep(1.0)
+            received = sessions[0].stats.messages_received
+            sender.cancel()
+            stop.set()
+    # 4 MiB of 1 MiB messages, plus what one read of the transport held: not 40
+    assert 4 <= received <= 7, received
+
+
+# -- 11.6: a peer that never reads is dropped after write_timeout ------------------------------------
+
+
+async def test_a_peer_that_never_reads_is_dropped_after_write_timeout() -> None:
+    errors: list[BaseException] = []
+
+    async def echo(session: Session) -> None:
+        try:
+            async for message in session:
+                await session.send(message.text or "")
+        except M2MError as exc:
+            errors.append(exc)
+            raise
+
+    timers = {"write_timeout": 0.5}
+    async with running(echo, "ws", timers=timers) as server:
+        async with ws_connect(server.url, compression=None, max_size=None, max_queue=1) as ws:
+            await ws.send(hello())
+            sid = json.loads(await ws.recv())["session_id"]
+            started = time.monotonic()
+            ws.transport.pause_reading()  # from now on this client reads nothing
+            big = "w" * 2**20
+            with pytest.raises(ConnectionClosed):
+                async with asyncio.timeout(10):
+                    while server.active_sessions or not errors:
+                        await ws.send(data(sid, big))
+                        await asyncio.sleep(0.01)
+                    await ws.send(data(sid, big))  # the connection is gone
+                    await asyncio.sleep(0.5)
+                    await ws.send(data(sid, big))
+            assert time.monotonic() - started < 5
+    assert errors and isinstance(errors[0], SessionTimeout) and "write_timeout" in str(errors[0])
+
+
+# -- 11.11: closed sessions are freed without the cycle collector ------------------------------------
+
+
+async def test_closed_sessions_are_freed_without_the_garbage_collector(scheme: str) -> None:
+    refs: list[weakref.ref[Session]] = []
+
+    async def handler(session: Session) -> None:
+        refs.append(weakref.ref(session))
+        async for message in session:
+            await session.send(message.text or "")
+
+    async with running(handler, scheme) as server:
+        gc.collect()
+        gc.disable()
+        try:
+            for _ in range(3):
+                client = await connect(server.url, **client_opts(server))
+                await client.send("x" * 100_000)
+                await client.recv()
+                refs.append(weakref.ref(client))
+                await client.close()
+                del client
+            async with asyncio.timeout(5):
+                while server.active_sessions:
+                    await asyncio.sleep(0.02)
+            await asyncio.sleep(0.1)
+            alive = [r for r in refs if r() is not None]
+        finally:
+            gc.enable()
+    assert len(refs) == 6 and not alive, f"{len(alive)} of {len(refs)} sessions still alive"
+
+
+# -- 11.12: control messages have their own fixed bound ----------------------------------------------
+
+
+async def test_a_huge_hello_is_refused_unparsed_and_never_echoed() -> None:
+    async with running(slow_echo, "ws") as server:
+        async with connect(server.url) as good:
+            async with ws_connect(server.url, compression=None, max_size=None) as ws:
+                names = [f"alg{i:07d}" for i in range(200_000)]  # 2.6 MB of algorithm names
+                started = time.monotonic()
+                await ws.send(hello(algorithms=names))
+                got = 0
+                with pytest.raises(ConnectionClosed):
+                    async with asyncio.timeout(5):
+                        while True:
+                            got += len(await ws.recv())
+                assert got < 4096, f"the server echoed {got} bytes"
+                assert time.monotonic() - started < 2
+            await good.send("still fine")
+            assert (await asyncio.wait_for(good.recv(), 5)).text == "re:still fine"
+
+
+async def test_a_long_algorithm_list_gets_a_short_reject() -> None:
+    async with running(slow_echo, "ws") as server:
+        async with ws_connect(server.url, compression=None, max_size=None) as ws:
+            await ws.send(hello(algorithms=[f"a{i:04d}" for i in range(3000)]))  # 30 KB, under 64 KiB
+            reply = await asyncio.wait_for(ws.recv(), 5)
+    msg = json.loads(reply)
+    assert msg["type"] == "REJECT" and len(reply) < 1000, reply[:300]
+
+
+async def test_a_small_max_payload_still_reads_the_servers_accept(scheme: str) -> None:
+    async with running(slow_echo, scheme) as server:
+        async with connect(server.url, max_payload=300, **client_opts(server)) as client:
+            assert client.info.max_payload == 300
+
+
+async def test_repeated_warnings_are_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.WARNING, logger="m2mwire.session")
+    async with running(slow_echo, "ws") as server:
+        async with ws_connect(server.url, compression=None) as ws:
+            await ws.send(hello())
+            sid = json.loads(await ws.recv())["session_id"]
+            odd = json.dumps({"type": "ODD" + "x" * 1000, "session_id": sid, "payload": {}, "timestamp": 1})
+            for _ in range(2000):
+                await ws.send(odd)
+            await ws.send(data(sid, "after"))
+            assert json.loads(await asyncio.wait_for(ws.recv(), 5))["payload"]["content"] == "re:after"
+    records = [r for r in caplog.records if "unknown type" in r.getMessage()]
+    assert 1 <= len(records) <= 2, len(records)
+    assert all(len(r.getMessage()) < 600 for r in records)
+
+
+# -- 11.15: Server.aclose() completes within close_timeout --------------------------------------------
+
+
+async def test_aclose_is_bounded_when_a_handler_ignores_its_session(scheme: str) -> None:
+    async def ignore(session: Session) -> None:
+        await asyncio.sleep(3600)
+
+    server = await serve(ignore, f"{scheme}://127.0.0.1:0", timers={"close_timeout": 1.0})
+    client = await connect(server.url, **client_opts(server))
+    await client.send("hello")
+    started = time.monotonic()
+    await asyncio.wait_for(server.aclose(), 6)
+    elapsed = time.monotonic() - started
+    await client.close()
+    assert elapsed < 2.5, elapsed
+
+
+# -- 11.17: a handler that raises ends the session with an error ----------------------------------------
+
+
+async def failing(session: Session) -> None:
+    await session.recv()
+    raise RuntimeError("bug in the handler")
+
+
+async def test_a_handler_crash_is_not_a_clean_end(scheme: str) -> None:
+    async with running(failing, scheme) as server:
+        async with connect(server.url, **client_opts(server)) as client:
+            await client.send("boom")
+            with pytest.raises(SessionClosed) as info:
+                async with asyncio.timeout(5):
+                    async for _ in client:
+                        pass
+    assert info.value.code == "INTERNAL_ERROR"
+
+
+async def test_a_handler_crash_closes_the_websocket_with_1011() -> None:
+    async with running(failing, "ws") as server:
+        async with ws_connect(server.url, compression=None) as ws:
+            await ws.send(hello())
+            sid = json.loads(await ws.recv())["session_id"]
+            await ws.send(data(sid, "boom"))
+            close = json.loads(await asyncio.wait_for(ws.recv(), 5))
+            assert close["type"] == "CLOSE" and close["payload"]["reason"] == "INTERNAL_ERROR"
+            await ws.send(json.dumps({"type": "CLOSE", "session_id": sid, "payload": {}, "timestamp": 1}))
+            with pytest.raises(ConnectionClosed) as info:
+                await asyncio.wait_for(ws.recv(), 5)
+    assert info.value.rcvd is not None and info.value.rcvd.code == 1011
+
+
+async def test_a_vanished_peer_is_not_logged_as_a_handler_error(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, logger="m2mwire")
+    ended = asyncio.Event()
+
+    async def reader(session: Session) -> None:
+        try:
+            await session.recv()
+        finally:
+            ended.set()
+
+    timers = {"ping_interval": 0.2, "pong_timeout": 0.2, "max_missed_pongs": 2, "close_timeout": 0.3}
+    async with running(reader, "ws", timers=timers) as server:
+        async with ws_connect(server.url, compression=None) as ws:
+            await ws.send(hello())
+            await ws.recv()
+            ws.transport.pause_reading()  # the peer is gone: it never answers a PING
+            await asyncio.wait_for(ended.wait(), 5)
+            await asyncio.sleep(0.1)
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert not errors, [r.getMessage() for r in errors]
+
+
+# -- issue 14 (liveness): one connection loss, one exception ---------------------------------------------
+
+
+async def test_send_and_recv_raise_the_same_error_after_a_connection_loss(scheme: str) -> None:
+    async def drop(session: Session) -> None:
+        await session.recv()
+        session._channel.abort()
+        await asyncio.sleep(0.5)
+
+    async with running(drop, scheme) as server:
+        client = await connect(server.url, **client_opts(server))
+        await client.send("hi")
+        with pytest.raises(M2MError) as from_recv:
+            await asyncio.wait_for(client.recv(), 5)
+        with pytest.raises(M2MError) as from_send:
+            await client.send("after")
+        await client.close()
+    assert type(from_send.value) is type(from_recv.value)
+    assert str(from_send.value) == str(from_recv.value)
+
+
+async def test_a_session_never_closed_is_freed_after_a_connection_loss(scheme: str) -> None:
+    async def drop(session: Session) -> None:
+        await session.recv()
+        session._channel.abort()
+
+    async with running(drop, scheme) as server:
+        gc.collect()
+        gc.disable()
+        try:
+            client = await connect(server.url, **client_opts(server))
+            await client.send("x" * 100_000)
+            failed = False
+            try:
+                async with asyncio.timeout(5):  # not wait_for: its task keeps the error's frames
+                    await client.recv()
+            except M2MError:
+                failed = True
+            assert failed
+            ref = weakref.ref(client)
+            del client  # never closed by the application
+            await asyncio.sleep(0.2)
+            alive = ref() is not None
+        finally:
+            gc.enable()
+    assert not alive
