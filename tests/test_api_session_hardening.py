@@ -277,8 +277,9 @@ async def test_a_long_algorithm_list_gets_a_short_reject() -> None:
 
 async def test_a_small_max_payload_still_reads_the_servers_accept(scheme: str) -> None:
     async with running(slow_echo, scheme) as server:
-        async with connect(server.url, max_payload=300, **client_opts(server)) as client:
-            assert client.info.max_payload == 300
+        # issue 12.5: the server's ACCEPT (~600 bytes) is larger than this client's max_payload
+        async with connect(server.url, max_payload=100, **client_opts(server)) as client:
+            assert client.info.max_payload == 100
 
 
 async def test_repeated_warnings_are_rate_limited(caplog: pytest.LogCaptureFixture) -> None:
@@ -415,3 +416,34 @@ async def test_a_session_never_closed_is_freed_after_a_connection_loss(scheme: s
         finally:
             gc.enable()
     assert not alive
+
+
+async def test_write_timeout_drops_a_non_reading_m2mwire_peer(scheme: str) -> None:
+    errors: list[BaseException] = []
+    ended = asyncio.Event()
+
+    async def echo(session: Session) -> None:
+        try:
+            async for message in session:
+                await session.send(message.text or "", algorithm="none")
+        except M2MError as exc:
+            errors.append(exc)
+        finally:
+            ended.set()
+
+    async with running(echo, scheme, timers={"write_timeout": 0.5}) as server:
+        # max_queue=1: the client stops reading after one reply (the application never reads).
+        async with connect(server.url, max_queue=1, **client_opts(server)) as client:
+
+            async def flood() -> None:
+                for _ in range(200):
+                    await client.send("f" * 2**20, algorithm="none")
+
+            sender = asyncio.create_task(flood())
+            started = time.monotonic()
+            await asyncio.wait_for(ended.wait(), 10)
+            elapsed = time.monotonic() - started
+            sender.cancel()
+            await asyncio.gather(sender, return_exceptions=True)
+    assert errors and isinstance(errors[0], SessionTimeout), errors
+    assert elapsed < 5, elapsed
