@@ -345,7 +345,8 @@ async def test_a_handler_crash_closes_the_websocket_with_1011() -> None:
             await ws.send(json.dumps({"type": "CLOSE", "session_id": sid, "payload": {}, "timestamp": 1}))
             with pytest.raises(ConnectionClosed) as info:
                 await asyncio.wait_for(ws.recv(), 5)
-    assert info.value.rcvd is not None and info.value.rcvd.code == 1011
+    assert info.value.rcvd is not None
+    assert (info.value.rcvd.code, info.value.rcvd.reason) == (1011, "INTERNAL_ERROR")
 
 
 async def test_a_vanished_peer_is_not_logged_as_a_handler_error(caplog: pytest.LogCaptureFixture) -> None:

@@ -396,6 +396,7 @@ class SessionProtocol:
         self._limits = config.limits
         self._peer_close: Closed | None = None  # the peer's CLOSE, while in CLOSE_RECEIVED
         self._close_code = CLOSE_NORMAL  # transport close code once our CLOSE is acknowledged
+        self._close_reason: str | None = None  # ... and its reason, when not the event's code
         self._warned_at = -WARNING_INTERVAL  # rate limit of _warn()
         self._warnings_suppressed = 0
 
@@ -693,7 +694,7 @@ class SessionProtocol:
             self._close_deadline = now + self.config.timers.close_timeout
             self._pong_deadline = None
             if code == "INTERNAL_ERROR":
-                self._close_code = CLOSE_INTERNAL_ERROR
+                self._close_code, self._close_reason = CLOSE_INTERNAL_ERROR, code
             return
         # Not established yet: there is no session to close on the wire.
         self._finish(Closed(code, reason, by_peer=False), CLOSE_NORMAL)
@@ -1221,7 +1222,7 @@ class SessionProtocol:
         self._closed_event = event
         self._events.append(event)
         if close_code is not None:
-            self._queue_output(CloseTransport(close_code, event.code[:100]))
+            self._queue_output(CloseTransport(close_code, (self._close_reason or event.code)[:100]))
 
 
 def _drop_tracebacks(error: BaseException) -> None:

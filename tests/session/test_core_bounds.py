@@ -185,7 +185,7 @@ def test_an_error_close_from_the_peer_is_not_a_clean_end() -> None:
     assert event.code == "INTERNAL_ERROR" and isinstance(event.error, SessionClosed)
     pump(c, s, 1.1)  # the acknowledgement: the server closes the transport with 1011
     (close,) = [o for o in s.data_to_send() if isinstance(o, CloseTransport)]
-    assert close.code == 1011
+    assert (close.code, close.reason) == (1011, "INTERNAL_ERROR")
 
 
 # -- liveness and queue accounting -------------------------------------------------------------------
