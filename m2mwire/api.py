@@ -684,7 +684,11 @@ class Session:
             if message is not None:  # DATA, and nothing else happened: no event, output or timer
                 if message.reply_to is not None:  # an answer to one of our requests
                     self._correlator.route(message)
-                    if self._correlator.buffered >= self._max_queue:
+                    correlator = self._correlator
+                    if (
+                        correlator.buffered >= self._max_queue
+                        or correlator.buffered_bytes >= self._max_queue_bytes
+                    ):
                         self._update_reading()
                     return
                 inbox = self._inbox
@@ -723,13 +727,13 @@ class Session:
         elif self._paused:
             pause = (
                 len(self._inbox) + self._correlator.buffered > self._max_queue // 2
-                or self._inbox_bytes > self._max_queue_bytes // 2
+                or self._inbox_bytes + self._correlator.buffered_bytes > self._max_queue_bytes // 2
                 or self._protocol.output_backlog > _MAX_OUTPUT_BACKLOG // 2
             )
         else:
             pause = (
                 len(self._inbox) + self._correlator.buffered >= self._max_queue
-                or self._inbox_bytes >= self._max_queue_bytes
+                or self._inbox_bytes + self._correlator.buffered_bytes >= self._max_queue_bytes
                 or self._protocol.output_backlog > _MAX_OUTPUT_BACKLOG
             )
         if pause == self._paused:

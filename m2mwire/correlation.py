@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from m2mwire.errors import M2MError
-from m2mwire.session.core import Message
+from m2mwire.session.core import Message, queued_cost
 
 __all__ = ["Correlator", "Stream"]
 
@@ -48,7 +48,10 @@ class Correlator:
         self._next = 0
         self._requests: dict[str, asyncio.Future[Message]] = {}
         self._streams: dict[str, Stream] = {}
-        self.buffered = 0  # stream parts received and not yet taken: counts toward backpressure
+        # Stream parts received and not yet taken, in messages and in queued_cost() bytes: they
+        # count toward the session's max_queue / max_queue_bytes like the inbox does.
+        self.buffered = 0
+        self.buffered_bytes = 0
 
     def new_id(self) -> str:
         self._next += 1
@@ -71,6 +74,7 @@ class Correlator:
         self._streams.pop(request_id, None)
         if stream is not None:
             self.buffered -= len(stream.parts)
+            self.buffered_bytes -= sum(queued_cost(part) for part in stream.parts)
             stream.parts.clear()
 
     def route(self, message: Message) -> None:
@@ -90,6 +94,7 @@ class Correlator:
             return
         stream.parts.append(message)
         self.buffered += 1
+        self.buffered_bytes += queued_cost(message)
         if not message.more:
             stream.ended = True
             del self._streams[request_id]
@@ -100,7 +105,9 @@ class Correlator:
         if not stream.parts:
             return None
         self.buffered -= 1
-        return stream.parts.popleft()
+        part = stream.parts.popleft()
+        self.buffered_bytes -= queued_cost(part)
+        return part
 
     def fail_all(self, error: M2MError) -> None:
         """The session ended: every waiter gets ``error`` (after the parts that did arrive)."""

@@ -222,3 +222,25 @@ async def test_reserved_extra_keys_are_refused_and_hidden(scheme: str) -> None:
     assert got[0].extra == {"k": "v"}  # the correlation keys stay out of the application's view
     assert "m2mwire.request_id" in got[0].avp.metadata.extra
     assert answer.extra == {}
+
+
+async def test_unread_stream_parts_count_toward_max_queue_bytes(scheme: str) -> None:
+    part = "x" * (256 * 1024)
+    async def streamer(session: Session) -> None:
+        async for message in session:
+            for _ in range(40):
+                # algorithm none: the wire is as large as the content, so what the transport
+                # read before the pause took effect is bounded by its read size
+                await session.reply(message, part, more=True, algorithm="none")
+            await session.reply(message, "end")
+
+    async with running(streamer, scheme) as server:
+        async with connect(server.url, max_queue_bytes=1024 * 1024, **client_opts(server)) as session:
+            parts = session.stream("go", timeout=10)
+            first = await anext(parts)
+            assert first.text == part
+            await asyncio.sleep(0.5)  # the consumer lags: reading must pause on bytes, not on count
+            held = session._correlator.buffered_bytes
+            assert held <= 3 * 1024 * 1024, held  # 1 MiB bound + what the transport had read
+            rest = [p.text async for p in parts]
+    assert len(rest) == 40 and rest[-1] == "end"
