@@ -226,6 +226,7 @@ async def test_reserved_extra_keys_are_refused_and_hidden(scheme: str) -> None:
 
 async def test_unread_stream_parts_count_toward_max_queue_bytes(scheme: str) -> None:
     part = "x" * (256 * 1024)
+
     async def streamer(session: Session) -> None:
         async for message in session:
             for _ in range(40):
