@@ -41,6 +41,9 @@ class Algorithm(StrEnum):
     NONE = "none"
     ZLIB = "zlib"  # deprecated M2M v2.0: decoded, never emitted
     M2M = "m2m"  # the reference 0.4's M2M v1 frame (#M2M|1|): JSON only
+    # Session-context zstd (#ZS| / binary 0x5A): needs a session's context, so it is negotiated and
+    # used by the session layer only, never by the stateless compress() or select_algorithm().
+    ZSTD = "zstd"
 
 
 EMITTABLE_ALGORITHMS: tuple[Algorithm, ...] = (
@@ -65,7 +68,7 @@ def resolve_algorithm(name: str | Algorithm) -> Algorithm:
             return found
     raise EncodeError(
         f"unknown compression algorithm {name!r}; accepted (any case): tokennative / token_native, token, "
-        "brotli, dictionary, m2m, none, zlib (decode only)"
+        "brotli, dictionary, m2m, none, zstd (sessions only), zlib (decode only)"
     )
 
 

@@ -10,6 +10,7 @@ Decoder dispatch, first match wins:
 ``#M2M[v2.0]|``        deprecated zlib (must continue with ``DATA:``), logged warning
 ``#BR|``               Brotli (compression-doc spelling)
 ``#DI|`` / ``#M2M|``   Dictionary
+``#ZS|``               session-context zstd: only its session can decode it, DecodeError here
 other ``#M2M...``      DecodeError
 ``#XX|`` / ``#XXX|``   (A-Z, 0-9) unknown prefix: DecodeError
 anything else          NONE: returned unchanged
@@ -56,6 +57,7 @@ __all__ = ["T1_PREFIX", "Decoded", "compress", "decode_wire", "decompress", "det
 T1_PREFIX = "#T1|"
 # Algorithms that parse the content as JSON: both refuse (EncodeError/LimitExceeded) what T1 refuses.
 _JSON_ONLY = frozenset({Algorithm.TOKEN, Algorithm.M2M})
+ZSTD_PREFIX = "#ZS|"  # m2mwire.codecs.zstdcontext (not imported here: it needs a session's context)
 _UNKNOWN_TAG = re.compile(r"#[A-Z0-9]{2,3}\|")
 
 
@@ -92,6 +94,8 @@ def detect_algorithm(wire: str) -> Algorithm:
             return Algorithm.ZLIB
         if wire.startswith((DICTIONARY_PREFIX, DICTIONARY_ALT_PREFIX)):
             return Algorithm.DICTIONARY
+        if wire.startswith(ZSTD_PREFIX):
+            return Algorithm.ZSTD
         if wire.startswith("#M2M"):
             raise DecodeError(
                 f"unknown M2M prefix {wire[:16]!r}: expected '#M2M|1|' (M2M v1), '#M2M[v3.0]|DATA:' "
@@ -135,6 +139,11 @@ def decode_wire(wire: str, *, limits: Limits = DEFAULT_LIMITS) -> Decoded:
         return Decoded(decode_dictionary(wire, limits=limits), algorithm)
     if algorithm is Algorithm.M2M:
         return Decoded(decode_m2m(wire, limits=limits), algorithm)
+    if algorithm is Algorithm.ZSTD:
+        raise DecodeError(
+            "a #ZS| message is compressed in its session's zstd context (all earlier messages are its "
+            "history), so only that session can decode it"
+        )
     check_size("content", _utf8_size(wire), limits.max_output_bytes)
     return Decoded(wire, Algorithm.NONE)
 
@@ -228,4 +237,9 @@ def encode_with(
         return encode_t1(content, dialect=t1_dialect, limits=limits)
     if algorithm is Algorithm.M2M:
         return encode_m2m(content, limits=limits)
+    if algorithm is Algorithm.ZSTD:
+        raise EncodeError(
+            "zstd compresses each message in its session's context: send it with Session.send(), or use "
+            "m2mwire.codecs.zstdcontext.ContextCompressor directly"
+        )
     raise EncodeError("zlib (M2M v2.0) is deprecated and never emitted; use brotli")

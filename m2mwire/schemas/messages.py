@@ -31,9 +31,12 @@ __all__ = [
     "MessageType",
     "Rejection",
     "SecurityCaps",
+    "ZstdCaps",
     "decode_data",
+    "decode_data_bytes",
     "decode_message",
     "encode_data",
+    "encode_data_bytes",
     "encode_message",
     "now_ms",
 ]
@@ -57,6 +60,18 @@ RejectCode = Literal[
 ]
 
 
+class ZstdCaps(msgspec.Struct, kw_only=True):
+    """Session-context zstd parameters, the extra ``compression.zstd`` object (docs/PROTOCOL.md).
+
+    HELLO: the client's offer; ACCEPT: what was agreed (the window, the one dictionary used, or
+    none) plus whether the server accepts the binary form. Peers that do not know zstd ignore it.
+    """
+
+    window: int = 0  # bytes, a power of two; 0 or absent = the default (1 MiB)
+    binary: bool = True  # this peer accepts the binary form (0x5A); False asks for "#ZS|" text
+    dictionaries: list[str] = msgspec.field(default_factory=list)  # SHA-256 (hex) of each dictionary
+
+
 class CompressionCaps(msgspec.Struct, kw_only=True):
     algorithms: list[str]
     max_payload: int = 0  # 0 = no limit announced (the reference's default)
@@ -64,6 +79,7 @@ class CompressionCaps(msgspec.Struct, kw_only=True):
     ml_routing: bool = False
     encodings: list[str] = msgspec.field(default_factory=list)
     preferred_encoding: str = ""  # absent: no preference (we always send one)
+    zstd: ZstdCaps | msgspec.UnsetType = msgspec.UNSET  # ours; only when zstd is offered
 
 
 class SecurityCaps(msgspec.Struct, kw_only=True):
@@ -227,6 +243,27 @@ def decode_data(text: str, *, limits: Limits = DEFAULT_LIMITS) -> DataEnvelope |
     except (msgspec.DecodeError, UnicodeError, RecursionError):
         return None  # decode_message reports it
     return env if env.type == "DATA" else None
+
+
+def decode_data_bytes(data: bytes) -> DataEnvelope:
+    """Parse a DATA message given as UTF-8 bytes (a zstd-context binary message decompresses to one).
+
+    Raises ProtocolError(code="MALFORMED_MESSAGE") for anything but a DATA message.
+    """
+    try:
+        env = _data_envelope_decoder.decode(data)
+    except msgspec.DecodeError as exc:
+        raise ProtocolError(f"not a DATA message: {exc}", code="MALFORMED_MESSAGE") from None
+    if env.type != "DATA":
+        raise ProtocolError(f"a {env.type[:20]!r} message where only DATA may be", code="MALFORMED_MESSAGE")
+    return env
+
+
+def encode_data_bytes(payload: DataPayload, session_id: str) -> bytes:
+    """:func:`encode_data` as UTF-8 bytes (what a zstd-context binary message compresses)."""
+    return _encoder.encode(
+        Envelope(type="DATA", session_id=session_id, payload=payload, timestamp=time.time_ns() // 1_000_000)
+    )
 
 
 def encode_data(payload: DataPayload, session_id: str, timestamp: int | None = None) -> str:

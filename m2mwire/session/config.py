@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from m2mwire.codecs import Algorithm, Encoding, available_encodings, resolve_algorithm, resolve_encoding
 from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits, MiB
+from m2mwire.codecs.zstdcontext import DEFAULT_LEVEL, DEFAULT_WINDOW, MAX_WINDOW, MIN_WINDOW, ZstdDictionary
 from m2mwire.errors import ConfigError, EncodeError
 from m2mwire.schemas.identity import ModelIdentity
 
@@ -18,6 +19,7 @@ __all__ = [
     "SESSION_OPTIONS",
     "SessionConfig",
     "Timers",
+    "ZstdOptions",
     "make_config",
     "transport_limit",
 ]
@@ -40,11 +42,44 @@ def transport_limit(max_payload: int) -> int:
 DEFAULT_ALGORITHMS: tuple[Algorithm, ...] = (
     Algorithm.TOKENNATIVE,
     Algorithm.TOKEN,
+    Algorithm.ZSTD,
     Algorithm.BROTLI,
     Algorithm.DICTIONARY,
     Algorithm.M2M,
     Algorithm.NONE,
 )
+
+
+@dataclass(frozen=True, slots=True)
+class ZstdOptions:
+    """Session-context zstd (algorithm ``zstd``): what this endpoint offers and how it compresses.
+
+    ``window`` is the history each direction keeps (and the decoder memory it costs), a power of
+    two from 1 KiB to 8 MiB; the session uses the smaller of both offers. ``level`` is this side's
+    zstd level (1-19; the receiver does not care). ``dictionaries`` are shared dictionaries
+    (:class:`ZstdDictionary` or bytes) offered to prime the contexts; the first one both sides have
+    is used. ``binary=False`` asks the peer for the ``#ZS|`` text form (for text-only channels).
+    """
+
+    window: int = DEFAULT_WINDOW
+    level: int = DEFAULT_LEVEL
+    dictionaries: tuple[ZstdDictionary, ...] = ()
+    binary: bool = True
+
+    def __post_init__(self) -> None:
+        if not MIN_WINDOW <= self.window <= MAX_WINDOW or self.window & (self.window - 1):
+            raise EncodeError(
+                f"zstd window={self.window}: must be a power of two from {MIN_WINDOW} to {MAX_WINDOW} bytes"
+            )
+        if not 1 <= self.level <= 19:
+            raise EncodeError(f"zstd level={self.level}: must be 1..19")
+        dictionaries = tuple(
+            d if isinstance(d, ZstdDictionary) else ZstdDictionary(d) for d in self.dictionaries
+        )
+        object.__setattr__(self, "dictionaries", dictionaries)
+
+    def dictionary(self, dictionary_id: str) -> ZstdDictionary | None:
+        return next((d for d in self.dictionaries if d.id == dictionary_id), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +117,7 @@ class SessionConfig:
     # (2x the default max_payload, so two largest messages fit; at least one message always does).
     max_queue_bytes: int = 32 * MiB
     token: str | None = None  # client: credential sent in HELLO for the server's on_hello check
+    zstd: ZstdOptions = ZstdOptions()  # session-context zstd, when "zstd" is among the algorithms
 
     def resolved_encodings(self) -> tuple[Encoding, ...]:
         return self.encodings or tuple(available_encodings())
@@ -143,6 +179,8 @@ def make_config(options: dict[str, Any]) -> SessionConfig:
         value = opts.get(name, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name}= takes a number above 0, not {value!r}")
+    if isinstance(opts.get("zstd"), dict):
+        opts["zstd"] = ZstdOptions(**opts["zstd"])
     config = SessionConfig(**opts)
     if config.preferred_encoding is not None and config.preferred_encoding not in config.resolved_encodings():
         raise EncodeError(

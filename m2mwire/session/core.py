@@ -44,6 +44,7 @@ from m2mwire.codecs.avp import FLAG_COMPRESSED, AVPMessage, payload_size
 from m2mwire.codecs.avp import decode as avp_decode
 from m2mwire.codecs.jsonutil import check_json_text, dumps_compact, loads_limited, parse_json
 from m2mwire.codecs.wire import encode_with
+from m2mwire.codecs.zstdcontext import ZSTD_KIND, ZSTD_PREFIX, payload_bound
 from m2mwire.errors import (
     DecodeError,
     EncodeError,
@@ -65,9 +66,12 @@ from m2mwire.schemas.messages import (
     MessageType,
     Rejection,
     SecurityCaps,
+    ZstdCaps,
     decode_data,
+    decode_data_bytes,
     decode_message,
     encode_data,
+    encode_data_bytes,
     encode_message,
 )
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, SessionConfig
@@ -78,6 +82,7 @@ from m2mwire.session.negotiation import (
     negotiate_client,
     negotiate_server,
 )
+from m2mwire.session.zstdstate import ZstdSessionState, text_form_bound
 from m2mwire.transport.base import Buffer
 
 __all__ = [
@@ -126,6 +131,13 @@ def _utf8_len(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
+def _utf8_text(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"zstd content is not valid UTF-8 at byte {exc.start} ({exc.reason})") from None
+
+
 class State(Enum):
     INITIAL = "INITIAL"
     HELLO_SENT = "HELLO_SENT"
@@ -170,6 +182,8 @@ class SessionInfo:
     peer_agent_id: str
     peer_agent_type: str
     peer_version: str
+    zstd_window: int = 0  # the agreed zstd window in bytes; 0 when zstd was not negotiated
+    zstd_dictionary: str = ""  # SHA-256 (hex) of the shared zstd dictionary in use, if any
 
 
 # Message, SentInfo and SendMessage are made once per message: frozen msgspec
@@ -399,6 +413,7 @@ class SessionProtocol:
         self._close_reason: str | None = None  # ... and its reason, when not the event's code
         self._warned_at = -WARNING_INTERVAL  # rate limit of _warn()
         self._warnings_suppressed = 0
+        self._zstd: ZstdSessionState | None = None  # both zstd contexts, when zstd was negotiated
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -530,6 +545,11 @@ class SessionProtocol:
                     text=text,
                     decoded_bytes=sys.getsizeof(text),
                 )
+            elif first == ZSTD_KIND and self._zstd is not None:
+                message_or_none = self._receive_zstd_binary(view, size)
+                if message_or_none is None:
+                    return None
+                message = message_or_none
             elif first in _TOKENNATIVE_BINARY_IDS:
                 text = decompress_binary(view, limits=self._limits)
                 message = Message(
@@ -543,8 +563,8 @@ class SessionProtocol:
                 )
             else:
                 self._protocol_violation(
-                    f"binary frame starts with byte 0x{first:02x}: "
-                    "expected 0x00-0x02 (TokenNative), '#' (M2M v1) or 'A' (AVP)",
+                    f"binary frame starts with byte 0x{first:02x}: expected 0x00-0x02 (TokenNative), "
+                    "'#' (M2M v1), 'A' (AVP) or, when zstd was negotiated, 'Z' (zstd context)",
                     "MALFORMED_MESSAGE",
                 )
                 return None
@@ -609,6 +629,13 @@ class SessionProtocol:
             self._queue_output(SendMessage((frame,)))
             sent = SentInfo(kind.value, True, original, len(frame))
         else:
+            if self._zstd is not None and (
+                algorithm is Algorithm.ZSTD or (algorithm is None and self.config.optimize == "bytes")
+            ):
+                zsent = self._send_zstd(text, content_type, original, info, explicit=algorithm is not None)
+                if zsent is not None:
+                    self._account_sent(zsent, now)
+                    return zsent
             if algorithm is None:
                 algorithm = select_algorithm(
                     text, allowed=info.algorithms, optimize=self.config.optimize, encoding=info.encoding
@@ -646,6 +673,77 @@ class SessionProtocol:
                 sent = SentInfo(_NAMES[algorithm], False, original, wire_len)
         self._account_sent(sent, now)
         return sent
+
+    def _send_zstd(
+        self,
+        text: str,
+        content_type: Literal["text", "json"],
+        original: int,
+        info: SessionInfo,
+        *,
+        explicit: bool,
+    ) -> SentInfo | None:
+        """Queue ``text`` through the session's zstd context; None when it cannot go that way and
+        automatic selection should choose another algorithm.
+
+        Every size check happens before compressing: a message compressed into the context must be
+        sent, or the peer's context would miss it.
+        """
+        state = self._zstd
+        assert state is not None
+        limit = self._payload_limit
+        if state.peer_binary:
+            # The whole DATA message is compressed, so its envelope costs a few bytes in context:
+            # the envelope with an empty ``content`` (original_size left out: it is the content's
+            # size), a line feed, then the content's bytes as they are. Unescaped, the content
+            # matches earlier messages and a dictionary byte for byte (JSON escaping in an envelope
+            # breaks matches on every quote). Bounded like a text message: at most max_payload.
+            inner = (
+                encode_data_bytes(
+                    DataPayload(algorithm="zstd", content="", content_type=content_type), info.session_id
+                )
+                + b"\n"
+                + text.encode("utf-8")
+            )
+            if len(inner) <= limit and 1 + payload_bound(len(inner)) <= limit:
+                frame = state.encode_binary(inner)
+                self._queue_output(SendMessage((frame,)))
+                return SentInfo("zstd", True, original, len(frame))
+        # The text form: only the content goes through the context, inside a plain DATA envelope.
+        if text_form_bound(original) + 256 + len(info.session_id) <= limit:
+            wire = state.encode_text(text.encode("utf-8"))
+            envelope = encode_data(
+                DataPayload(
+                    algorithm="zstd", content=wire, original_size=original, content_type=content_type
+                ),
+                info.session_id,
+            )
+            self._queue_output(SendMessage(envelope))
+            if self.config.token_stats:
+                tokens = (count_tokens(text), count_tokens(wire))
+                self.stats.original_tokens_sent += tokens[0]
+                self.stats.wire_tokens_sent += tokens[1]
+                return SentInfo("zstd", False, original, len(wire), *tokens)
+            return SentInfo("zstd", False, original, len(wire))
+        if explicit:
+            raise LimitExceeded(
+                f"message content of {original} bytes is too close to the negotiated max_payload of {limit} "
+                "bytes for zstd's worst case; send it with algorithm='brotli' or raise max_payload",
+                limit=limit,
+                actual=original,
+            )
+        return None
+
+    def reset_codec_state(self) -> None:
+        """Forget the zstd history of both directions (resume calls this on both ends, before any
+        message is retransmitted; the peer must do the same, or its next message fails)."""
+        if self._zstd is not None:
+            self._zstd.reset()
+
+    @property
+    def codec_memory(self) -> int:
+        """Bytes zstd reserved for this session's contexts (0 without zstd or before first use)."""
+        return self._zstd.memory_size() if self._zstd is not None else 0
 
     def send_frame(self, parts: Sequence[Buffer], now: float) -> SentInfo:
         """Queue one already-encoded AVP frame (as one or more buffers) for a latent-mode session."""
@@ -853,6 +951,7 @@ class SessionProtocol:
             encodings=cfg.resolved_encodings(),
             max_payload=cfg.max_payload,
             identity=cfg.identity,
+            zstd=self._own_zstd_caps(),
         )
         if isinstance(result, Refusal):
             self._reject(result.code, result.message)
@@ -906,6 +1005,7 @@ class SessionProtocol:
             encodings=cfg.resolved_encodings(),
             preferred_encoding=cfg.resolved_preferred(),
             max_payload=cfg.max_payload,
+            zstd=self._own_zstd_caps(),
         )
         if isinstance(result, Refusal):
             self._session_id = sid
@@ -940,7 +1040,13 @@ class SessionProtocol:
         limits = self._limits
         wire_bytes = len(content) if content.isascii() else _utf8_len(content)
         try:
-            if content.startswith("#") or wire_bytes > min(limits.max_message_bytes, limits.max_output_bytes):
+            if self._zstd is not None and content.startswith(ZSTD_PREFIX):
+                limit = min(self._payload_limit, limits.max_output_bytes)
+                text, algorithm = _utf8_text(self._zstd.decode_text(content, limit)), "zstd"
+                original = _utf8_len(text)
+            elif content.startswith("#") or wire_bytes > min(
+                limits.max_message_bytes, limits.max_output_bytes
+            ):
                 decoded = decode_wire(content, limits=limits)  # raises for the limits
                 text, algorithm = decoded.content, _NAMES[decoded.algorithm]
                 original = wire_bytes if text is content else _utf8_len(text)
@@ -1047,10 +1153,44 @@ class SessionProtocol:
                 ml_routing=False,
                 encodings=[e.reference_name for e in encodings],
                 preferred_encoding=cfg.resolved_preferred().reference_name,
+                zstd=self._own_zstd_caps() or msgspec.UNSET,
             ),
             security=SecurityCaps(),
             avp=LatentCaps(identity=cfg.identity) if cfg.identity is not None else LatentCaps(),
             token=cfg.token if cfg.token is not None and self.role is Role.CLIENT else msgspec.UNSET,
+        )
+
+    def _own_zstd_caps(self) -> ZstdCaps | None:
+        cfg = self.config
+        if Algorithm.ZSTD not in cfg.algorithms:
+            return None
+        z = cfg.zstd
+        return ZstdCaps(window=z.window, binary=z.binary, dictionaries=[d.id for d in z.dictionaries])
+
+    def _receive_zstd_binary(self, view: bytes | memoryview, size: int) -> Message | None:
+        """The DATA message inside a zstd-context binary frame (raises M2MError when undecodable)."""
+        assert self._zstd is not None
+        raw = self._zstd.decode_binary(view, self._payload_limit)
+        split = raw.find(b"\n")  # compact JSON never holds a raw line feed: the envelope ends here
+        if split < 0:
+            raise DecodeError("zstd binary message holds no line feed between the envelope and the content")
+        env = decode_data_bytes(raw[:split])
+        if env.session_id != self._session_id:
+            self._protocol_violation(
+                f"DATA for session {env.session_id!r} on session {self._session_id!r}", "UNKNOWN_SESSION"
+            )
+            return None
+        text = _utf8_text(raw[split + 1 :])  # the content itself: no wire prefix, no JSON escaping
+        kind: Literal["text", "json"] = "json" if env.payload.content_type == "json" else "text"
+        value = loads_limited(text, limits=self.config.limits) if kind == "json" else None
+        return Message(
+            kind=kind,
+            algorithm="zstd",
+            binary=True,
+            wire_bytes=size,
+            original_bytes=_utf8_len(text),
+            text=text,
+            value=value,
         )
 
     def _establish(self, result: Negotiated, peer: Capabilities, now: float) -> None:
@@ -1070,10 +1210,20 @@ class SessionProtocol:
             peer_agent_id=peer.agent_id,
             peer_agent_type=peer.agent_type,
             peer_version=peer.version,
+            zstd_window=result.zstd.window if result.zstd is not None else 0,
+            zstd_dictionary=(result.zstd.dictionary or "") if result.zstd is not None else "",
         )
         self._payload_limit = result.max_payload or self.config.limits.max_message_bytes
         if self._payload_limit < self._limits.max_output_bytes:
             self._limits = replace(self._limits, max_output_bytes=self._payload_limit)
+        if result.zstd is not None:
+            options = self.config.zstd
+            self._zstd = ZstdSessionState(
+                result.zstd.window,
+                level=options.level,
+                dictionary=options.dictionary(result.zstd.dictionary) if result.zstd.dictionary else None,
+                peer_binary=result.zstd.peer_binary,
+            )
         self._events.append(Established(self.info))
 
     def _require_established(self) -> SessionInfo:

@@ -11,16 +11,20 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import msgspec
+
 from m2mwire.codecs import Algorithm, Encoding, resolve_algorithm, resolve_encoding
+from m2mwire.codecs.zstdcontext import normalize_window
 from m2mwire.errors import M2MError
 from m2mwire.schemas.identity import ModelIdentity
-from m2mwire.schemas.messages import PROTOCOL_VERSION, Capabilities, CompressionCaps, LatentCaps
+from m2mwire.schemas.messages import PROTOCOL_VERSION, Capabilities, CompressionCaps, LatentCaps, ZstdCaps
 from m2mwire.session.mode import resolve_mode
 
 __all__ = [
     "CANONICAL_ENCODING",
     "Negotiated",
     "Refusal",
+    "ZstdAgreement",
     "accept_capabilities",
     "negotiate_client",
     "negotiate_server",
@@ -35,6 +39,15 @@ _COMPATIBLE_MAJORS = frozenset({"1", "3"})
 
 
 @dataclass(frozen=True, slots=True)
+class ZstdAgreement:
+    """Session-context zstd as agreed: both directions use ``window`` and ``dictionary``."""
+
+    window: int  # bytes: the smaller of both offers
+    dictionary: str | None  # SHA-256 (hex) of the shared dictionary, or None
+    peer_binary: bool  # the peer accepts the binary form
+
+
+@dataclass(frozen=True, slots=True)
 class Negotiated:
     """What both ends agreed on."""
 
@@ -44,6 +57,7 @@ class Negotiated:
     mode: Literal["LATENT", "JSON"]
     mode_reason: str
     avp_map_id: str = ""
+    zstd: ZstdAgreement | None = None  # set when "zstd" is among the algorithms
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +147,19 @@ def _preferred(name: str) -> Encoding | None:
         return None
 
 
+def _their_zstd(caps: CompressionCaps) -> ZstdCaps:
+    return caps.zstd if isinstance(caps.zstd, ZstdCaps) else ZstdCaps()  # absent: the defaults
+
+
+def _agree_zstd(ours: ZstdCaps | None, theirs: ZstdCaps) -> ZstdAgreement:
+    own = ours or ZstdCaps()
+    window = min(normalize_window(own.window), normalize_window(theirs.window))
+    # Server: the first of the client's dictionaries it has too (the client's order of preference).
+    # Client: the one the ACCEPT names, if the client offered it.
+    dictionary = next((d for d in theirs.dictionaries if d in own.dictionaries), None)
+    return ZstdAgreement(window=window, dictionary=dictionary, peer_binary=theirs.binary)
+
+
 def negotiate_server(
     hello: Capabilities,
     *,
@@ -140,6 +167,7 @@ def negotiate_server(
     encodings: Sequence[Encoding],
     max_payload: int,
     identity: ModelIdentity | None,
+    zstd: ZstdCaps | None = None,
 ) -> Negotiated | Refusal:
     """The server's decision on a client's HELLO."""
     if not version_compatible(hello.version):
@@ -157,6 +185,7 @@ def negotiate_server(
     encoding = _pick_encoding(_preferred(hello.compression.preferred_encoding), their_encodings, encodings)
     remote_identity = hello.avp.identity if isinstance(hello.avp, LatentCaps) else None
     resolution = resolve_mode(identity, remote_identity)
+    agreed = _agree_zstd(zstd, _their_zstd(hello.compression)) if Algorithm.ZSTD in common else None
     return Negotiated(
         algorithms=common,
         encoding=encoding,
@@ -164,12 +193,20 @@ def negotiate_server(
         mode=resolution.mode,
         mode_reason=resolution.reason,
         avp_map_id=resolution.avp_map_id,
+        zstd=agreed,
     )
 
 
 def accept_capabilities(server_caps: Capabilities, result: Negotiated) -> Capabilities:
     """The ACCEPT payload: the server's identity fields with the negotiated compression and mode."""
     identity = server_caps.avp.identity if isinstance(server_caps.avp, LatentCaps) else None
+    zstd: ZstdCaps | msgspec.UnsetType = msgspec.UNSET
+    if result.zstd is not None:
+        zstd = ZstdCaps(
+            window=result.zstd.window,
+            binary=_their_zstd(server_caps.compression).binary,
+            dictionaries=[result.zstd.dictionary] if result.zstd.dictionary else [],
+        )
     return Capabilities(
         version=PROTOCOL_VERSION,
         agent_id=server_caps.agent_id,
@@ -181,6 +218,7 @@ def accept_capabilities(server_caps: Capabilities, result: Negotiated) -> Capabi
             ml_routing=server_caps.compression.ml_routing,
             encodings=[result.encoding.reference_name],
             preferred_encoding=result.encoding.reference_name,
+            zstd=zstd,
         ),
         security=server_caps.security,
         extensions=server_caps.extensions,
@@ -197,6 +235,7 @@ def negotiate_client(
     encodings: Sequence[Encoding],
     preferred_encoding: Encoding | None,
     max_payload: int,
+    zstd: ZstdCaps | None = None,
 ) -> Negotiated | Refusal:
     """The client's view of an ACCEPT.
 
@@ -215,6 +254,13 @@ def negotiate_client(
     if latent is not None and latent.mode is not None:
         mode = latent.mode
     reason = (latent.reason or "") if latent is not None else "no_identity"
+    agreed: ZstdAgreement | None = None
+    if Algorithm.ZSTD in common:
+        accepted = _their_zstd(accept.compression)
+        agreed = _agree_zstd(zstd, accepted)
+        # Our servers name the one dictionary they chose; one we never offered cannot be used.
+        if accepted.dictionaries and agreed.dictionary is None:
+            return Refusal("UNKNOWN", "ACCEPT names a zstd dictionary this client did not offer")
     return Negotiated(
         algorithms=common,
         encoding=encoding,
@@ -222,4 +268,5 @@ def negotiate_client(
         mode=mode,
         mode_reason=reason,
         avp_map_id=latent.avp_map_id if latent is not None else "",
+        zstd=agreed,
     )

@@ -1,0 +1,257 @@
+"""Session-context zstd: one zstd stream per direction that lives as long as the session.
+
+Each message is compressed with every earlier message of the same direction as history and then
+flushed (``ZSTD_e_flush``: the block ends, so the receiver can decode it at once); the frame itself
+never ends. A message's *payload* is::
+
+    CRC-32 of the decompressed bytes (4 bytes, big-endian)  |  the zstd bytes flushed for it
+
+The first payload of a context starts its zstd bytes with the frame header (magic ``28 B5 2F FD``);
+the later ones are blocks of the same frame. Binary form: ``0x5A`` (``Z``) + payload; text form:
+``#ZS|`` + padded standard base64 of the payload. docs/CODECS.md section 8 is the normative text.
+
+Why the checksum: a context cannot skip or reorder messages, and zstd has no per-block check, so a
+corrupted, missing or reordered message could otherwise decode "successfully" to the wrong text;
+with it every such case is a :class:`DecodeError`.
+
+Decompression is bounded: input is fed in slices small enough that even the densest possible zstd
+blocks (4 input bytes -> one 128 KiB block) cannot produce more than the remaining budget plus
+:data:`OUTPUT_SLACK`, so a bomb is refused after allocating at most ``limit + OUTPUT_SLACK`` bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Final
+
+import zstandard
+
+from m2mwire.codecs.avp import crc32
+from m2mwire.codecs.limits import MiB, check_size
+from m2mwire.errors import DecodeError, EncodeError
+
+__all__ = [
+    "DEFAULT_LEVEL",
+    "DEFAULT_WINDOW",
+    "MAX_WINDOW",
+    "MIN_WINDOW",
+    "OUTPUT_SLACK",
+    "ZSTD_KIND",
+    "ZSTD_PREFIX",
+    "ContextCompressor",
+    "ContextDecompressor",
+    "ZstdDictionary",
+    "normalize_window",
+    "payload_bound",
+    "train_dictionary",
+]
+
+#: First byte of a binary zstd-context message. TokenNative binary uses 0x00-0x02 (room left for
+#: more tokenizers below 0x20), AVP frames start with 0x41 0x56 ("AV"); "Z" collides with neither.
+ZSTD_KIND: Final = 0x5A
+ZSTD_KIND_BYTE: Final = b"\x5a"
+#: Text form prefix; "#ZS|" matches the decoders' unknown-tag rule, so a peer without zstd refuses it.
+ZSTD_PREFIX: Final = "#ZS|"
+
+#: The window is what each direction's decoder keeps in memory (and the compressor's history).
+DEFAULT_WINDOW: Final = 1 * MiB
+MIN_WINDOW: Final = 1 << zstandard.WINDOWLOG_MIN  # 1 KiB
+MAX_WINDOW: Final = 8 * MiB
+#: zstd level 3 (the library default); benchmarks/bench_context.py compares levels 1-6.
+DEFAULT_LEVEL: Final = 3
+
+_BLOCK_MAX: Final = 128 * 1024  # zstd's largest block (format spec: Block_Maximum_Size)
+_MIN_BLOCK_INPUT: Final = 4  # smallest block that produces output: 3-byte header + 1 RLE byte
+#: Decompression may overshoot the limit by at most this much before it is refused.
+OUTPUT_SLACK: Final = 1 * MiB
+_OUTPUT_CHUNK: Final = 64 * 1024  # decompressobj's write_size: output is gathered in such pieces
+_CRC_SIZE: Final = 4
+
+
+def normalize_window(window: int) -> int:
+    """A window offer as used: a power of two within [MIN_WINDOW, MAX_WINDOW] (rounded down).
+
+    0 or a negative value means "no preference" and gives :data:`DEFAULT_WINDOW`.
+    """
+    if window <= 0:
+        return DEFAULT_WINDOW
+    clamped = max(MIN_WINDOW, min(MAX_WINDOW, window))
+    return 1 << (clamped.bit_length() - 1)
+
+
+def payload_bound(size: int) -> int:
+    """Largest payload (checksum + zstd bytes) a message of ``size`` bytes can compress to.
+
+    zstd falls back to raw blocks for incompressible input (3-byte header per 128 KiB), plus at most
+    18 bytes of frame header once; ``size >> 7`` and the constant cover both with room to spare.
+    """
+    return size + (size >> 7) + 64 + _CRC_SIZE
+
+
+@dataclass(frozen=True, slots=True)
+class ZstdDictionary:
+    """A shared dictionary that primes both contexts, identified by the SHA-256 of its bytes.
+
+    Either a dictionary trained by zstd (it starts with the magic ``37 A4 30 EC``) or raw content
+    (e.g. a typical system prompt and tool list); zstd tells them apart itself.
+    """
+
+    data: bytes
+    id: str = field(init=False)
+    _compiled: zstandard.ZstdCompressionDict = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.data, bytes) or not self.data:
+            raise EncodeError("a zstd dictionary is non-empty bytes (e.g. from train_dictionary())")
+        object.__setattr__(self, "id", hashlib.sha256(self.data).hexdigest())
+        object.__setattr__(self, "_compiled", zstandard.ZstdCompressionDict(self.data))
+
+    @property
+    def compiled(self) -> zstandard.ZstdCompressionDict:
+        return self._compiled
+
+
+def train_dictionary(samples: Sequence[bytes], size: int = 64 * 1024) -> ZstdDictionary:
+    """Train a dictionary of about ``size`` bytes from sample messages (zstd's COVER trainer)."""
+    if not samples:
+        raise EncodeError("train_dictionary() needs sample messages")
+    try:
+        trained = zstandard.train_dictionary(size, list(samples))
+    except zstandard.ZstdError as exc:
+        raise EncodeError(
+            f"zstd could not train a dictionary ({exc}); give more or larger samples (zstd wants "
+            "roughly 100x the dictionary size in total)"
+        ) from None
+    return ZstdDictionary(trained.as_bytes())
+
+
+class ContextCompressor:
+    """The sending half of one direction. Created cheaply; zstd memory is taken on first use."""
+
+    __slots__ = ("_cctx", "_cobj", "_dictionary", "_level", "_window", "messages")
+
+    def __init__(
+        self,
+        window: int = DEFAULT_WINDOW,
+        *,
+        level: int = DEFAULT_LEVEL,
+        dictionary: ZstdDictionary | None = None,
+    ) -> None:
+        if not MIN_WINDOW <= window <= MAX_WINDOW or window & (window - 1):
+            raise EncodeError(
+                f"zstd window must be a power of two in [{MIN_WINDOW}, {MAX_WINDOW}], not {window}"
+            )
+        if not 1 <= level <= 19:
+            raise EncodeError(f"zstd level must be 1..19 here, not {level}")
+        self._window = window
+        self._level = level
+        self._dictionary = dictionary
+        self._cctx: zstandard.ZstdCompressor | None = None
+        self._cobj: zstandard.ZstdCompressionObj | None = None
+        self.messages = 0  # compressed since the last reset
+
+    def _start(self) -> zstandard.ZstdCompressionObj:
+        params = zstandard.ZstdCompressionParameters.from_level(
+            self._level,
+            window_log=self._window.bit_length() - 1,
+            write_checksum=0,  # per-message CRC-32 instead; the frame never ends
+            write_content_size=0,
+            write_dict_id=0,  # the dictionary was agreed in HELLO/ACCEPT
+        )
+        dict_data = self._dictionary.compiled if self._dictionary is not None else None
+        self._cctx = zstandard.ZstdCompressor(compression_params=params, dict_data=dict_data)
+        self._cobj = self._cctx.compressobj()
+        return self._cobj
+
+    def compress(self, data: bytes) -> bytes:
+        """The payload for one message: CRC-32 + the flushed zstd bytes (history is kept)."""
+        cobj = self._cobj or self._start()
+        try:
+            body = cobj.compress(data) + cobj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+        except zstandard.ZstdError as exc:  # pragma: no cover - zstd fails only on exhausted memory
+            raise EncodeError(f"zstd compression failed: {exc}") from None
+        self.messages += 1
+        return crc32(data).to_bytes(_CRC_SIZE, "big") + body
+
+    def reset(self) -> None:
+        """Forget the history: the next payload starts a new frame (resume does this)."""
+        self._cctx = self._cobj = None
+        self.messages = 0
+
+    def memory_size(self) -> int:
+        """Bytes zstd reserved for this context (0 before the first message)."""
+        return self._cctx.memory_size() if self._cctx is not None else 0
+
+
+class ContextDecompressor:
+    """The receiving half of one direction: payloads must be fed in the order they were made."""
+
+    __slots__ = ("_dctx", "_dictionary", "_dobj", "_window", "messages")
+
+    def __init__(self, window: int = DEFAULT_WINDOW, *, dictionary: ZstdDictionary | None = None) -> None:
+        self._window = window
+        self._dictionary = dictionary
+        self._dctx: zstandard.ZstdDecompressor | None = None
+        self._dobj: zstandard.ZstdDecompressionObj | None = None
+        self.messages = 0  # decompressed since the last reset
+
+    def _start(self) -> zstandard.ZstdDecompressionObj:
+        dict_data = self._dictionary.compiled if self._dictionary is not None else None
+        # max_window_size: a frame header asking for a larger window (more memory) is refused.
+        self._dctx = zstandard.ZstdDecompressor(dict_data=dict_data, max_window_size=self._window)
+        self._dobj = self._dctx.decompressobj(write_size=_OUTPUT_CHUNK)
+        return self._dobj
+
+    def decompress(self, payload: bytes | memoryview, limit: int) -> bytes:
+        """Decode one message's payload; at most ``limit`` bytes of output (else LimitExceeded).
+
+        Raises :class:`DecodeError` for a corrupted, truncated, missing or reordered message (the
+        context is unusable afterwards: the session must end).
+        """
+        view = memoryview(payload)
+        size = len(view)
+        if size < _CRC_SIZE:
+            raise DecodeError(f"zstd context payload is {size} bytes: shorter than its 4-byte CRC-32")
+        expected = int.from_bytes(view[:_CRC_SIZE], "big")
+        dobj = self._dobj or self._start()
+        data = view[_CRC_SIZE:]
+        parts: list[bytes] = []
+        total = 0
+        pos = 0
+        try:
+            while pos < len(data):
+                # At most (step / 4) blocks can end inside `step` input bytes, each <= 128 KiB: the
+                # output of this call is <= remaining budget + OUTPUT_SLACK.
+                budget = max(limit - total, 0) + OUTPUT_SLACK
+                step = max(_MIN_BLOCK_INPUT, budget // _BLOCK_MAX * _MIN_BLOCK_INPUT)
+                out = dobj.decompress(data[pos : pos + step])
+                pos += step
+                if out:
+                    total += len(out)
+                    check_size("decompressed zstd message", total, limit)
+                    parts.append(out)
+        except zstandard.ZstdError as exc:
+            raise DecodeError(
+                f"corrupt zstd context message #{self.messages + 1} ({exc}); the context cannot continue"
+            ) from None
+        if dobj.eof:
+            raise DecodeError("the peer ended its zstd frame; a session context never ends its frame")
+        out = parts[0] if len(parts) == 1 else b"".join(parts)
+        if crc32(out) != expected:
+            raise DecodeError(
+                f"zstd context message #{self.messages + 1} does not match its CRC-32: it was "
+                "corrupted, or a message was lost or reordered (a context cannot skip messages)"
+            )
+        self.messages += 1
+        return out
+
+    def reset(self) -> None:
+        """Forget the history: the next payload must start a new frame (resume does this)."""
+        self._dctx = self._dobj = None
+        self.messages = 0
+
+    def memory_size(self) -> int:
+        """Bytes zstd reserved for this context (0 before the first message)."""
+        return self._dctx.memory_size() if self._dctx is not None else 0
