@@ -278,3 +278,22 @@ def test_make_config_takes_a_dict_and_validates() -> None:
     with pytest.raises(Exception, match="power of two"):
         make_config({"zstd": {"window": 2 * MAX_WINDOW}})
     assert replace(config.zstd, dictionaries=(b"raw dictionary content",)).dictionaries[0].id
+
+
+def test_hello_naming_zstd_without_parameters_gets_the_defaults() -> None:
+    s = SessionProtocol(Role.SERVER, cfg(algorithms=ZSTD_ALGS, zstd=ZstdOptions(window=MAX_WINDOW)))
+    s.initiate(0.0)
+    hello = {
+        "type": "HELLO",
+        "payload": {
+            "version": "3.0",
+            "agent_id": "other",
+            "agent_type": "third-implementation",
+            "compression": {"algorithms": ["zstd", "none"], "max_payload": 0},
+        },
+        "timestamp": 0,
+    }
+    s.receive_text(json.dumps(hello), 0.0)
+    assert s.info is not None and s.info.zstd_window == DEFAULT_WINDOW and s.info.zstd_dictionary == ""
+    accept = json.loads(s.data_to_send()[0].message)  # type: ignore[union-attr,arg-type]
+    assert accept["payload"]["compression"]["zstd"] == {"window": DEFAULT_WINDOW, "binary": True, "dictionaries": []}
