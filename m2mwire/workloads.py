@@ -315,9 +315,15 @@ def no_repetition(count: int = 40) -> list[Step]:
     return out
 
 
+def long_agent_loop() -> list[Step]:
+    """The agent loop over 40 steps: requests grow past 100 KB, beyond a 32 KiB deflate window."""
+    return agent_loop(40)
+
+
 WORKLOADS: dict[str, Callable[[], list[Step]]] = {
     "multi_turn": multi_turn,
     "agent_loop": agent_loop,
+    "long_agent_loop": long_agent_loop,
     "streaming": streaming,
     "json_events": json_events,
     "no_repetition": no_repetition,

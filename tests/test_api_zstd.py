@@ -86,13 +86,13 @@ async def test_bad_frames_end_the_session_with_a_clear_error(scheme: str, damage
             state = session._protocol._zstd
             assert state is not None
             if damage == "flip":
-                frame = bytearray(state.encode_binary(b'{"type":"DATA"}\n' + str(steps[1]).encode()))
+                frame = bytearray(state.encode_binary(str(steps[1]), "text"))
                 frame[len(frame) // 2] ^= 0x10
             elif damage == "drop":
-                state.encode_binary(b"a message the server never gets")  # lost: history diverges
-                frame = bytearray(state.encode_binary(b'{"type":"DATA"}\nnext'))
-            else:  # 256 MiB through the real context: a ~10 KB frame
-                frame = bytearray(state.encode_binary(b"\0" * (256 << 20)))
+                state.encode_binary("a message the server never gets", "text")  # lost: history diverges
+                frame = bytearray(state.encode_binary("next", "text"))
+            else:  # 64 MiB through the real context: a few KB frame
+                frame = bytearray(state.encode_binary("\0" * (64 << 20), "text"))
                 assert len(frame) < 64 * 1024
             await _raw_send(session, bytes(frame))
             reason = await _session_ends_with(session, "INVALID_DATA")
@@ -109,7 +109,7 @@ async def test_server_keeps_serving_other_sessions_after_a_bad_one(scheme: str) 
         async with connect(server.url, **opts) as good, connect(server.url, **opts) as bad:
             state = bad._protocol._zstd
             assert state is not None
-            await _raw_send(bad, state.encode_binary(b"\x00" * 100)[:-3])
+            await _raw_send(bad, state.encode_binary("\x00" * 100, "text")[:-3])
             await _session_ends_with(bad, "INVALID_DATA")
             await good.send({"still": "here"})
             assert (await good.recv()).value == {"still": "here"}

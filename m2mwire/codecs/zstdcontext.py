@@ -64,10 +64,12 @@ DEFAULT_LEVEL: Final = 3
 
 _BLOCK_MAX: Final = 128 * 1024  # zstd's largest block (format spec: Block_Maximum_Size)
 _MIN_BLOCK_INPUT: Final = 4  # smallest block that produces output: 3-byte header + 1 RLE byte
+_MAX_RATIO: Final = _BLOCK_MAX // _MIN_BLOCK_INPUT  # 32768 output bytes per input byte at most
 #: Decompression may overshoot the limit by at most this much before it is refused.
 OUTPUT_SLACK: Final = 1 * MiB
 _OUTPUT_CHUNK: Final = 64 * 1024  # decompressobj's write_size: output is gathered in such pieces
 _CRC_SIZE: Final = 4
+_FLUSH_BLOCK: Final = zstandard.COMPRESSOBJ_FLUSH_BLOCK
 
 
 def normalize_window(window: int) -> int:
@@ -165,15 +167,17 @@ class ContextCompressor:
         self._cobj = self._cctx.compressobj()
         return self._cobj
 
-    def compress(self, data: bytes) -> bytes:
-        """The payload for one message: CRC-32 + the flushed zstd bytes (history is kept)."""
+    def compress(self, data: bytes, prefix: bytes = b"") -> bytes:
+        """``prefix`` + the payload for one message: CRC-32 + the flushed zstd bytes (history is kept)."""
         cobj = self._cobj or self._start()
         try:
-            body = cobj.compress(data) + cobj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
+            # compress() only buffers a message smaller than a block; flush() emits it all.
+            head = cobj.compress(data)
+            tail = cobj.flush(_FLUSH_BLOCK)
         except zstandard.ZstdError as exc:  # pragma: no cover - zstd fails only on exhausted memory
             raise EncodeError(f"zstd compression failed: {exc}") from None
         self.messages += 1
-        return crc32(data).to_bytes(_CRC_SIZE, "big") + body
+        return b"".join((prefix, crc32(data).to_bytes(_CRC_SIZE, "big"), head, tail))
 
     def reset(self) -> None:
         """Forget the history: the next payload starts a new frame (resume does this)."""
@@ -204,41 +208,35 @@ class ContextDecompressor:
         self._dobj = self._dctx.decompressobj(write_size=_OUTPUT_CHUNK)
         return self._dobj
 
-    def decompress(self, payload: bytes | memoryview, limit: int) -> bytes:
-        """Decode one message's payload; at most ``limit`` bytes of output (else LimitExceeded).
+    def decompress(self, payload: bytes | memoryview, limit: int, offset: int = 0) -> bytes:
+        """Decode one message's payload (``payload[offset:]``); at most ``limit`` bytes of output
+        (else LimitExceeded).
 
         Raises :class:`DecodeError` for a corrupted, truncated, missing or reordered message (the
         context is unusable afterwards: the session must end).
         """
-        view = memoryview(payload)
-        size = len(view)
-        if size < _CRC_SIZE:
-            raise DecodeError(f"zstd context payload is {size} bytes: shorter than its 4-byte CRC-32")
-        expected = int.from_bytes(view[:_CRC_SIZE], "big")
+        start = offset + _CRC_SIZE
+        size = len(payload) - start
+        if size < 0:
+            raise DecodeError(
+                f"zstd context payload is {size + _CRC_SIZE} bytes: shorter than its 4-byte CRC-32"
+            )
+        expected = int.from_bytes(payload[offset:start], "big")
         dobj = self._dobj or self._start()
-        data = view[_CRC_SIZE:]
-        parts: list[bytes] = []
-        total = 0
-        pos = 0
+        data = payload[start:]
         try:
-            while pos < len(data):
-                # At most (step / 4) blocks can end inside `step` input bytes, each <= 128 KiB: the
-                # output of this call is <= remaining budget + OUTPUT_SLACK.
-                budget = max(limit - total, 0) + OUTPUT_SLACK
-                step = max(_MIN_BLOCK_INPUT, budget // _BLOCK_MAX * _MIN_BLOCK_INPUT)
-                out = dobj.decompress(data[pos : pos + step])
-                pos += step
-                if out:
-                    total += len(out)
-                    check_size("decompressed zstd message", total, limit)
-                    parts.append(out)
+            if size * _MAX_RATIO <= limit + OUTPUT_SLACK:
+                # The usual case: even all-RLE blocks could not exceed the bound, so one call.
+                out = dobj.decompress(data)
+                check_size("decompressed zstd message", len(out), limit)
+            else:
+                out = self._decompress_sliced(dobj, data, limit)
         except zstandard.ZstdError as exc:
             raise DecodeError(
                 f"corrupt zstd context message #{self.messages + 1} ({exc}); the context cannot continue"
             ) from None
         if dobj.eof:
             raise DecodeError("the peer ended its zstd frame; a session context never ends its frame")
-        out = parts[0] if len(parts) == 1 else b"".join(parts)
         if crc32(out) != expected:
             raise DecodeError(
                 f"zstd context message #{self.messages + 1} does not match its CRC-32: it was "
@@ -246,6 +244,25 @@ class ContextDecompressor:
             )
         self.messages += 1
         return out
+
+    @staticmethod
+    def _decompress_sliced(
+        dobj: zstandard.ZstdDecompressionObj, data: bytes | memoryview, limit: int
+    ) -> bytes:
+        view = memoryview(data)
+        parts: list[bytes] = []
+        total = pos = 0
+        while pos < len(view):
+            # At most (step / 4) blocks can end inside `step` input bytes, each <= 128 KiB: the
+            # output of this call is <= remaining budget + OUTPUT_SLACK.
+            step = max(_MIN_BLOCK_INPUT, (max(limit - total, 0) + OUTPUT_SLACK) // _MAX_RATIO)
+            out = dobj.decompress(view[pos : pos + step])
+            pos += step
+            if out:
+                total += len(out)
+                check_size("decompressed zstd message", total, limit)
+                parts.append(out)
+        return b"".join(parts)
 
     def reset(self) -> None:
         """Forget the history: the next payload must start a new frame (resume does this)."""

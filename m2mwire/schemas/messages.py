@@ -259,11 +259,16 @@ def decode_data_bytes(data: bytes) -> DataEnvelope:
     return env
 
 
+class _UntimedDataEnvelope(msgspec.Struct, kw_only=True):
+    type: str
+    session_id: str
+    payload: DataPayload
+
+
 def encode_data_bytes(payload: DataPayload, session_id: str) -> bytes:
-    """:func:`encode_data` as UTF-8 bytes (what a zstd-context binary message compresses)."""
-    return _encoder.encode(
-        Envelope(type="DATA", session_id=session_id, payload=payload, timestamp=time.time_ns() // 1_000_000)
-    )
+    """A DATA message as UTF-8 bytes *without* ``timestamp``: what a zstd-context binary message
+    compresses (receivers accept messages without it; in context it would cost ~2 bytes each)."""
+    return _encoder.encode(_UntimedDataEnvelope(type="DATA", session_id=session_id, payload=payload))
 
 
 def encode_data(payload: DataPayload, session_id: str, timestamp: int | None = None) -> str:

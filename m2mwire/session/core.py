@@ -68,10 +68,8 @@ from m2mwire.schemas.messages import (
     SecurityCaps,
     ZstdCaps,
     decode_data,
-    decode_data_bytes,
     decode_message,
     encode_data,
-    encode_data_bytes,
     encode_message,
 )
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, SessionConfig
@@ -693,20 +691,11 @@ class SessionProtocol:
         assert state is not None
         limit = self._payload_limit
         if state.peer_binary:
-            # The whole DATA message is compressed, so its envelope costs a few bytes in context:
-            # the envelope with an empty ``content`` (original_size left out: it is the content's
-            # size), a line feed, then the content's bytes as they are. Unescaped, the content
-            # matches earlier messages and a dictionary byte for byte (JSON escaping in an envelope
-            # breaks matches on every quote). Bounded like a text message: at most max_payload.
-            inner = (
-                encode_data_bytes(
-                    DataPayload(algorithm="zstd", content="", content_type=content_type), info.session_id
-                )
-                + b"\n"
-                + text.encode("utf-8")
-            )
-            if len(inner) <= limit and 1 + payload_bound(len(inner)) <= limit:
-                frame = state.encode_binary(inner)
+            # The whole DATA message goes through the context (see inner_message), bounded like a
+            # text message: at most max_payload.
+            inner = state.binary_size(original, content_type)
+            if inner <= limit and 1 + payload_bound(inner) <= limit:
+                frame = state.encode_binary(text, content_type)
                 self._queue_output(SendMessage((frame,)))
                 return SentInfo("zstd", True, original, len(frame))
         # The text form: only the content goes through the context, inside a plain DATA envelope.
@@ -1170,18 +1159,12 @@ class SessionProtocol:
     def _receive_zstd_binary(self, view: bytes | memoryview, size: int) -> Message | None:
         """The DATA message inside a zstd-context binary frame (raises M2MError when undecodable)."""
         assert self._zstd is not None
-        raw = self._zstd.decode_binary(view, self._payload_limit)
-        split = raw.find(b"\n")  # compact JSON never holds a raw line feed: the envelope ends here
-        if split < 0:
-            raise DecodeError("zstd binary message holds no line feed between the envelope and the content")
-        env = decode_data_bytes(raw[:split])
-        if env.session_id != self._session_id:
+        session_id, kind, text = self._zstd.decode_binary(view, self._payload_limit)
+        if session_id != self._session_id:
             self._protocol_violation(
-                f"DATA for session {env.session_id!r} on session {self._session_id!r}", "UNKNOWN_SESSION"
+                f"DATA for session {session_id!r} on session {self._session_id!r}", "UNKNOWN_SESSION"
             )
             return None
-        text = _utf8_text(raw[split + 1 :])  # the content itself: no wire prefix, no JSON escaping
-        kind: Literal["text", "json"] = "json" if env.payload.content_type == "json" else "text"
         value = loads_limited(text, limits=self.config.limits) if kind == "json" else None
         return Message(
             kind=kind,
@@ -1219,6 +1202,7 @@ class SessionProtocol:
         if result.zstd is not None:
             options = self.config.zstd
             self._zstd = ZstdSessionState(
+                self._session_id,
                 result.zstd.window,
                 level=options.level,
                 dictionary=options.dictionary(result.zstd.dictionary) if result.zstd.dictionary else None,

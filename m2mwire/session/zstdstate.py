@@ -9,6 +9,8 @@ costs nothing. :meth:`ZstdSessionState.reset` forgets both histories at once: re
 
 from __future__ import annotations
 
+from typing import Literal
+
 from m2mwire.codecs.varint import b64decode, b64encode
 from m2mwire.codecs.zstdcontext import (
     ZSTD_KIND_BYTE,
@@ -18,8 +20,10 @@ from m2mwire.codecs.zstdcontext import (
     ZstdDictionary,
     payload_bound,
 )
+from m2mwire.errors import DecodeError
+from m2mwire.schemas.messages import DataPayload, decode_data_bytes, encode_data_bytes
 
-__all__ = ["ZstdSessionState", "text_form_bound"]
+__all__ = ["ContentType", "ZstdSessionState", "inner_message", "text_form_bound"]
 
 _PREFIX_LEN = len(ZSTD_PREFIX)
 
@@ -29,29 +33,83 @@ def text_form_bound(size: int) -> int:
     return _PREFIX_LEN + (payload_bound(size) + 2) // 3 * 4
 
 
+ContentType = Literal["text", "json"]
+
+
+def inner_message(text: str, content_type: ContentType, session_id: str) -> bytes:
+    """What a binary zstd message compresses: the DATA envelope with an empty ``content`` (no
+    ``original_size``: it is the content's size; no ``timestamp``), a line feed, then the content's
+    UTF-8 bytes.
+
+    Compressing the envelope too makes it cost a few bytes in context. The content is left
+    unescaped: JSON escaping inside an envelope would break matches with earlier messages (and a
+    dictionary) on every quote.
+    """
+    return _envelope(content_type, session_id) + text.encode("utf-8")
+
+
+def _envelope(content_type: ContentType, session_id: str) -> bytes:
+    payload = DataPayload(algorithm="zstd", content="", content_type=content_type)
+    return encode_data_bytes(payload, session_id) + b"\n"
+
+
 class ZstdSessionState:
     """Both directions' zstd contexts of one session."""
 
-    __slots__ = ("_receiver", "_sender", "peer_binary")
+    __slots__ = ("_envelopes", "_known", "_receiver", "_sender", "peer_binary")
 
     def __init__(
-        self, window: int, *, level: int, dictionary: ZstdDictionary | None, peer_binary: bool
+        self,
+        session_id: str,
+        window: int,
+        *,
+        level: int,
+        dictionary: ZstdDictionary | None,
+        peer_binary: bool,
     ) -> None:
         self._sender = ContextCompressor(window, level=level, dictionary=dictionary)
         self._receiver = ContextDecompressor(window, dictionary=dictionary)
         self.peer_binary = peer_binary  # the peer reads the binary form (else send "#ZS|" text)
+        # Without a timestamp the envelope of a session is one of two byte strings: made once,
+        # and an incoming one equal to ours is known without parsing it.
+        text, json = _envelope("text", session_id), _envelope("json", session_id)
+        self._envelopes: dict[str, bytes] = {"text": text, "json": json}
+        self._known: dict[bytes, tuple[str, ContentType]] = {
+            text: (session_id, "text"),
+            json: (session_id, "json"),
+        }
 
-    def encode_binary(self, message: bytes) -> bytes:
-        """A binary message: ``0x5A`` + the payload of ``message`` (a whole DATA envelope)."""
-        return ZSTD_KIND_BYTE + self._sender.compress(message)
+    def binary_size(self, content_bytes: int, content_type: ContentType) -> int:
+        """Size of what encode_binary() compresses for content of ``content_bytes`` UTF-8 bytes."""
+        return len(self._envelopes[content_type]) + content_bytes
+
+    def encode_binary(self, text: str, content_type: ContentType) -> bytes:
+        """A binary message: ``0x5A`` + the payload of the whole DATA message (see inner_message)."""
+        return self._sender.compress(self._envelopes[content_type] + text.encode("utf-8"), ZSTD_KIND_BYTE)
 
     def encode_text(self, content: bytes) -> str:
         """A ``#ZS|`` wire string carrying ``content`` (the DATA content only)."""
         return ZSTD_PREFIX + b64encode(self._sender.compress(content))
 
-    def decode_binary(self, frame: bytes | memoryview, limit: int) -> bytes:
-        """The DATA envelope inside a binary message (first byte 0x5A), at most ``limit`` bytes."""
-        return self._receiver.decompress(memoryview(frame)[1:], limit)
+    def decode_binary(self, frame: bytes | memoryview, limit: int) -> tuple[str | None, ContentType, str]:
+        """(session id, content type, content) of a binary message (first byte 0x5A); at most
+        ``limit`` bytes are decompressed. Raises DecodeError, LimitExceeded or ProtocolError."""
+        raw = self._receiver.decompress(frame, limit, 1)
+        split = raw.find(b"\n") + 1  # compact JSON never holds a raw line feed: the envelope ends here
+        if not split:
+            raise DecodeError("zstd binary message holds no line feed between the envelope and the content")
+        known = self._known.get(raw[:split])
+        session_id: str | None
+        if known is not None:
+            session_id, content_type = known
+        else:  # another implementation's spelling (key order, a timestamp, ...): parse it
+            envelope = decode_data_bytes(raw[: split - 1])
+            session_id = envelope.session_id
+            content_type = "json" if envelope.payload.content_type == "json" else "text"
+        try:
+            return session_id, content_type, raw[split:].decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise DecodeError(f"zstd content is not valid UTF-8 at byte {exc.start} ({exc.reason})") from None
 
     def decode_text(self, wire: str, limit: int) -> bytes:
         """The content inside a ``#ZS|`` wire string, at most ``limit`` bytes."""

@@ -104,7 +104,7 @@ def test_lost_and_reordered_messages_are_decode_errors() -> None:
 
 
 def test_short_payload_and_ended_frame_are_errors() -> None:
-    with pytest.raises(DecodeError, match="shorter than its 4-byte CRC-32"):
+    with pytest.raises(DecodeError, match=r"shorter than its 4-byte CRC-32"):
         ContextDecompressor().decompress(b"\0\0", 100)
     ended = zstandard.ZstdCompressor(write_content_size=False).compress(b"hello")
     with pytest.raises(DecodeError, match="ended its zstd frame"):
@@ -159,7 +159,7 @@ def test_text_prefix_is_reserved_and_needs_a_session() -> None:
     assert detect_algorithm(wire) is Algorithm.ZSTD and is_prefix_like(wire)
     with pytest.raises(DecodeError, match="only that session"):
         decode_wire(wire)
-    with pytest.raises(EncodeError, match="Session.send"):
+    with pytest.raises(EncodeError, match=r"Session\.send"):
         compress("hello", "zstd")
     with pytest.raises(EncodeError, match="none of the allowed"):
         compress("hello", allowed=["zstd"])

@@ -148,7 +148,7 @@ def test_bomb_inside_a_valid_stream_is_refused() -> None:
     limit = 128 * 1024
     c, s = pair(cfg(algorithms=ZSTD_ALGS, max_payload=limit), cfg(algorithms=ZSTD_ALGS, max_payload=limit))
     assert c._zstd is not None
-    frame = c._zstd.encode_binary(b"A" * (32 << 20))  # 32 MiB through the client's context
+    frame = c._zstd.encode_binary("A" * (32 << 20), "text")  # 32 MiB through the client's context
     assert len(frame) < 16 * 1024
     assert s.receive_binary(frame, 1.0) is None
     err = violation(s)
@@ -296,4 +296,8 @@ def test_hello_naming_zstd_without_parameters_gets_the_defaults() -> None:
     s.receive_text(json.dumps(hello), 0.0)
     assert s.info is not None and s.info.zstd_window == DEFAULT_WINDOW and s.info.zstd_dictionary == ""
     accept = json.loads(s.data_to_send()[0].message)  # type: ignore[union-attr,arg-type]
-    assert accept["payload"]["compression"]["zstd"] == {"window": DEFAULT_WINDOW, "binary": True, "dictionaries": []}
+    assert accept["payload"]["compression"]["zstd"] == {
+        "window": DEFAULT_WINDOW,
+        "binary": True,
+        "dictionaries": [],
+    }
