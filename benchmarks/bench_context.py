@@ -262,12 +262,12 @@ def memory_section(sessions: int) -> None:
             ).stdout.split()
             got[algorithm] = (int(out[0]), int(out[1]))
         delta = got["zstd"][0] - got["brotli"][0]
-        reserved = got["zstd"][1]
         per = delta / (2 * sessions)
+        reserved = got["zstd"][1] / (2 * sessions)
         zstd_mib, brotli_mib = got["zstd"][0] / 2**20, got["brotli"][0] / 2**20
         print(
             f"  {name:11} RSS growth zstd {zstd_mib:7.1f} MiB, brotli {brotli_mib:6.1f} MiB: zstd costs "
-            f"{per / 1024:6.0f} KiB per endpoint (reserved by zstd: {reserved / (2 * sessions) / 1024:6.0f} KiB)"
+            f"{per / 1024:6.0f} KiB per endpoint (reserved by zstd: {reserved / 1024:6.0f} KiB)"
         )
     import zstandard
 
