@@ -21,6 +21,7 @@ from m2mwire.errors import EncodeError
 from m2mwire.samples import sample_payloads
 from m2mwire.schemas.identity import ModelIdentity
 from m2mwire.session.core import Message, SentInfo
+from m2mwire.workloads import workload
 
 __all__ = ["answer", "run_demo"]
 
@@ -234,8 +235,50 @@ async def _client_run(url: str, **options: Any) -> None:
         )
 
 
+async def _context_demo(turns: int = 8) -> None:
+    """Session-context zstd against per-message Brotli on a multi-turn chat over WebSocket."""
+    steps = workload("multi_turn")[: 2 * turns]
+    requests = [content for sender, content in steps if sender == "client"]
+    replies = [content for sender, content in steps if sender == "server"]
+
+    async def chat_agent(session: Session) -> None:
+        for reply in replies:  # answers each request with the next completion, the same way it came
+            request = await session.recv()
+            await session.send(reply, algorithm=request.algorithm)
+
+    print("== Context compression: a multi-turn chat resending its history (WebSocket)")
+    print("   wire bytes per turn, both directions; brotli: the #M2M wire strings; zstd: whole")
+    print("   binary messages, envelopes included")
+    print(f"   {'turn':>4} {'request':>9} {'reply':>7} | {'brotli':>8} {'zstd':>7}")
+    totals = {"brotli": 0, "zstd": 0}
+    original = 0
+    async with serve(chat_agent, "ws://127.0.0.1:0", algorithms=["zstd", "brotli"]) as server:
+        async with (
+            connect(server.url, algorithms=["zstd", "brotli"]) as plain,
+            connect(server.url, algorithms=["zstd", "brotli"]) as ctx,
+        ):
+            for turn, request in enumerate(requests, 1):
+                row = {}
+                for algorithm, session in (("brotli", plain), ("zstd", ctx)):
+                    sent = await session.send(request, algorithm=algorithm)
+                    reply = await session.recv()
+                    row[algorithm] = sent.wire_bytes + reply.wire_bytes
+                    totals[algorithm] += row[algorithm]
+                original += sent.original_bytes + reply.original_bytes
+                print(
+                    f"   {turn:>4} {sent.original_bytes:>8}B {reply.original_bytes:>6}B |"
+                    f" {row['brotli']:>7}B {row['zstd']:>6}B"
+                )
+    print(
+        f"   {original:,} bytes of content: brotli put {totals['brotli'] / original:.1%} of them on the wire, "
+        f"zstd {totals['zstd'] / original:.1%}"
+    )
+    print()
+
+
 async def run_demo() -> None:
     _codec_table()
+    await _context_demo()
     for scheme in ("ws", "quic"):
         async with serve(_server_agent, f"{scheme}://127.0.0.1:0", identity=DEMO_IDENTITY) as server:
             print(f"== Live session over {scheme.upper()} ({server.url})")

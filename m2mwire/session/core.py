@@ -43,6 +43,7 @@ from m2mwire.codecs import (
 from m2mwire.codecs.avp import FLAG_COMPRESSED, AVPMessage, payload_size
 from m2mwire.codecs.avp import decode as avp_decode
 from m2mwire.codecs.jsonutil import check_json_text, dumps_compact, loads_limited, parse_json
+from m2mwire.codecs.select import NONE_BELOW
 from m2mwire.codecs.wire import encode_with
 from m2mwire.codecs.zstdcontext import ZSTD_KIND, ZSTD_PREFIX, payload_bound
 from m2mwire.errors import (
@@ -699,6 +700,10 @@ class SessionProtocol:
                 self._queue_output(SendMessage((frame,)))
                 return SentInfo("zstd", True, original, len(frame))
         # The text form: only the content goes through the context, inside a plain DATA envelope.
+        # Chosen automatically only from NONE_BELOW bytes on, like every base64 form (below it the
+        # base64 payload is longer than the content).
+        if not explicit and original < NONE_BELOW:
+            return None
         if text_form_bound(original) + 256 + len(info.session_id) <= limit:
             wire = state.encode_text(text.encode("utf-8"))
             envelope = encode_data(

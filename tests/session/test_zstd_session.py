@@ -301,3 +301,28 @@ def test_hello_naming_zstd_without_parameters_gets_the_defaults() -> None:
         "binary": True,
         "dictionaries": [],
     }
+
+
+def test_automatic_text_form_leaves_tiny_messages_to_the_usual_rules() -> None:
+    c, s = pair(cfg(algorithms=ZSTD_ALGS, zstd=ZstdOptions(binary=False)), cfg(algorithms=ZSTD_ALGS))
+    assert s.send("ok", 1.0).algorithm == "none"  # base64 of a payload would be longer than "ok"
+    assert s.send("a longer message " * 10, 1.0).algorithm == "zstd"
+    got: list[Message] = []
+    pump(s, c, 1.0, got)
+    assert [m.text for m in got] == ["ok", "a longer message " * 10]
+
+
+def test_zstd_frames_without_zstd_negotiated_are_violations() -> None:
+    c, s = pair(cfg(algorithms=(A.BROTLI, A.NONE)), cfg())
+    drain(s)
+    assert s.receive_binary(b"Z\0\0\0\0\x28\xb5\x2f\xfd", 1.0) is None
+    assert violation(s).code == "MALFORMED_MESSAGE"
+    c2, s2 = pair(cfg(algorithms=(A.BROTLI, A.NONE)), cfg())
+    c2.send("#ZS|AAAAAA==", 1.0, algorithm=A.BROTLI)
+    out = c2.data_to_send()[0].message
+    assert isinstance(out, str)
+    forged = json.loads(out)
+    forged["payload"]["content"] = "#ZS|AAAAAA=="
+    drain(s2)
+    assert s2.receive_text(json.dumps(forged), 1.0) is None
+    assert violation(s2).code == "INVALID_DATA"
