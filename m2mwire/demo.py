@@ -269,10 +269,8 @@ async def _context_demo(turns: int = 8) -> None:
                     f"   {turn:>4} {sent.original_bytes:>8}B {reply.original_bytes:>6}B |"
                     f" {row['brotli']:>7}B {row['zstd']:>6}B"
                 )
-    print(
-        f"   {original:,} bytes of content: brotli put {totals['brotli'] / original:.1%} of them on the wire, "
-        f"zstd {totals['zstd'] / original:.1%}"
-    )
+    brotli, zstd = totals["brotli"] / original, totals["zstd"] / original
+    print(f"   {original:,} bytes of content: brotli put {brotli:.1%} of them on the wire, zstd {zstd:.1%}")
     print()
 
 
