@@ -269,16 +269,7 @@ def memory_section(sessions: int) -> None:
             f"  {name:11} RSS growth zstd {zstd_mib:7.1f} MiB, brotli {brotli_mib:6.1f} MiB: zstd costs "
             f"{per / 1024:6.0f} KiB per endpoint (reserved by zstd: {reserved / 1024:6.0f} KiB)"
         )
-    import zstandard
-
-    compressor = zstandard.ZstdCompressionParameters.from_level(
-        3, window_log=20
-    ).estimated_compression_context_size()
-    decompressor = zstandard.estimate_decompression_context_size() + (1 << 20) + (128 << 10)
-    print(
-        f"  zstd's own estimate for a full 1 MiB window: compressor {compressor / 2**20:.2f} MiB "
-        f"+ decompressor {decompressor / 2**20:.2f} MiB"
-    )
+    print("  reserved = what zstd allocated (memory_size()); pages become resident as the history fills")
     print()
 
 

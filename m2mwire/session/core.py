@@ -130,13 +130,6 @@ def _utf8_len(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
-def _utf8_text(data: bytes) -> str:
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise DecodeError(f"zstd content is not valid UTF-8 at byte {exc.start} ({exc.reason})") from None
-
-
 class State(Enum):
     INITIAL = "INITIAL"
     HELLO_SENT = "HELLO_SENT"
@@ -1036,7 +1029,7 @@ class SessionProtocol:
         try:
             if self._zstd is not None and content.startswith(ZSTD_PREFIX):
                 limit = min(self._payload_limit, limits.max_output_bytes)
-                text, algorithm = _utf8_text(self._zstd.decode_text(content, limit)), "zstd"
+                text, algorithm = self._zstd.decode_text(content, limit), "zstd"
                 original = _utf8_len(text)
             elif content.startswith("#") or wire_bytes > min(
                 limits.max_message_bytes, limits.max_output_bytes

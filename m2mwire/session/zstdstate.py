@@ -53,6 +53,13 @@ def _envelope(content_type: ContentType, session_id: str) -> bytes:
     return encode_data_bytes(payload, session_id) + b"\n"
 
 
+def _text(data: bytes) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise DecodeError(f"zstd content is not valid UTF-8 at byte {exc.start} ({exc.reason})") from None
+
+
 class ZstdSessionState:
     """Both directions' zstd contexts of one session."""
 
@@ -106,15 +113,12 @@ class ZstdSessionState:
             envelope = decode_data_bytes(raw[: split - 1])
             session_id = envelope.session_id
             content_type = "json" if envelope.payload.content_type == "json" else "text"
-        try:
-            return session_id, content_type, raw[split:].decode("utf-8")
-        except UnicodeDecodeError as exc:
-            raise DecodeError(f"zstd content is not valid UTF-8 at byte {exc.start} ({exc.reason})") from None
+        return session_id, content_type, _text(raw[split:])
 
-    def decode_text(self, wire: str, limit: int) -> bytes:
+    def decode_text(self, wire: str, limit: int) -> str:
         """The content inside a ``#ZS|`` wire string, at most ``limit`` bytes."""
         payload = b64decode(wire[_PREFIX_LEN:], what="zstd base64", offset=_PREFIX_LEN)
-        return self._receiver.decompress(payload, limit)
+        return _text(self._receiver.decompress(payload, limit))
 
     def reset(self) -> None:
         """Forget both histories: the next message each way starts a new zstd frame."""

@@ -326,3 +326,38 @@ def test_zstd_frames_without_zstd_negotiated_are_violations() -> None:
     drain(s2)
     assert s2.receive_text(json.dumps(forged), 1.0) is None
     assert violation(s2).code == "INVALID_DATA"
+
+
+def _forge(c: SessionProtocol, inner: bytes) -> bytes:
+    """A binary zstd message with ``inner`` as its decompressed bytes, in c's real context."""
+    assert c._zstd is not None
+    return c._zstd._sender.compress(inner, b"Z")
+
+
+def test_another_implementations_envelope_spelling_is_read() -> None:
+    c, s = pair(cfg(algorithms=ZSTD_ALGS), cfg(algorithms=ZSTD_ALGS))
+    sid = s.session_id
+    envelope = {
+        "session_id": sid,
+        "type": "DATA",
+        "payload": {"content_type": "json", "algorithm": "zstd", "content": ""},
+        "timestamp": 1,
+    }
+    message = s.receive_binary(_forge(c, json.dumps(envelope).encode() + b'\n{"a": [1, 2]}'), 1.0)
+    assert message is not None and message.kind == "json" and message.value == {"a": [1, 2]}
+
+
+def test_wrong_session_and_bad_utf8_inside_the_context_are_violations() -> None:
+    c, s = pair(cfg(algorithms=ZSTD_ALGS), cfg(algorithms=ZSTD_ALGS))
+    other = b'{"type":"DATA","session_id":"someone-else","payload":{"algorithm":"zstd","content":""}}\nhi'
+    assert s.receive_binary(_forge(c, other), 1.0) is None
+    assert violation(s).code == "UNKNOWN_SESSION"
+    c, s = pair(cfg(algorithms=ZSTD_ALGS), cfg(algorithms=ZSTD_ALGS))
+    assert c._zstd is not None
+    bad = c._zstd._envelopes["text"] + b"\xff\xfe"
+    assert s.receive_binary(_forge(c, bad), 1.0) is None
+    err = violation(s)
+    assert err.code == "INVALID_DATA" and "UTF-8" in str(err)
+    c, s = pair(cfg(algorithms=ZSTD_ALGS), cfg(algorithms=ZSTD_ALGS))
+    assert s.receive_binary(_forge(c, b'{"type":"PING"}\n'), 1.0) is None
+    assert violation(s).code == "INVALID_DATA"
