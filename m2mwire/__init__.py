@@ -41,6 +41,8 @@ _LAZY = {
     "Hello": "m2mwire.admission",
     "SessionInfo": "m2mwire.session.core",
     "Timers": "m2mwire.session.config",
+    "ZstdOptions": "m2mwire.session.config",
+    "ZstdDictionary": "m2mwire.codecs.zstdcontext",
     "ModelIdentity": "m2mwire.schemas.identity",
     "compress": "m2mwire.codecs",
     "decompress": "m2mwire.codecs",
@@ -78,8 +80,10 @@ if TYPE_CHECKING:
     from m2mwire.codecs import compress_binary as compress_binary
     from m2mwire.codecs import decompress as decompress
     from m2mwire.codecs import decompress_binary as decompress_binary
+    from m2mwire.codecs.zstdcontext import ZstdDictionary as ZstdDictionary
     from m2mwire.schemas.identity import ModelIdentity as ModelIdentity
     from m2mwire.session.config import Timers as Timers
+    from m2mwire.session.config import ZstdOptions as ZstdOptions
     from m2mwire.session.core import Message as Message
     from m2mwire.session.core import SessionInfo as SessionInfo
 
