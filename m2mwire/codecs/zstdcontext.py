@@ -16,7 +16,8 @@ with it every such case is a :class:`DecodeError`.
 
 Decompression is bounded: input is fed in slices small enough that even the densest possible zstd
 blocks (4 input bytes -> one 128 KiB block) cannot produce more than the remaining budget plus
-:data:`OUTPUT_SLACK`, so a bomb is refused after allocating at most ``limit + OUTPUT_SLACK`` bytes.
+:data:`OUTPUT_SLACK` plus one block, so a bomb is refused after allocating at most
+``limit + OUTPUT_SLACK + 128 KiB`` bytes of output (zstd's own buffers are the window's).
 """
 
 from __future__ import annotations
@@ -261,8 +262,8 @@ class ContextDecompressor:
         parts: list[bytes] = []
         total = pos = 0
         while pos < len(view):
-            # At most (step / 4) blocks can end inside `step` input bytes, each <= 128 KiB: the
-            # output of this call is <= remaining budget + OUTPUT_SLACK.
+            # At most step / 4 + 1 blocks can end inside `step` input bytes (one may have begun
+            # earlier), each <= 128 KiB: this call's output is <= budget + OUTPUT_SLACK + 128 KiB.
             step = max(_MIN_BLOCK_INPUT, (max(limit - total, 0) + OUTPUT_SLACK) // _MAX_RATIO)
             out = dobj.decompress(view[pos : pos + step])
             pos += step
