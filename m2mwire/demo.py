@@ -20,6 +20,7 @@ from m2mwire.codecs.jsonutil import dumps_compact
 from m2mwire.errors import EncodeError
 from m2mwire.samples import sample_payloads
 from m2mwire.schemas.identity import ModelIdentity
+from m2mwire.session.config import DEFAULT_ALGORITHMS
 from m2mwire.session.core import Message, SentInfo
 from m2mwire.workloads import workload
 
@@ -196,8 +197,15 @@ def _explain_auto(request: Any, sent: dict[str, SentInfo], allowed: Sequence[Alg
         print(f"{'':5}{line}")
 
 
+# The live sessions tour the per-message codecs; session-context zstd has its own section
+# (_context_demo): offered here, automatic selection would send every text message through it.
+PER_MESSAGE_ALGORITHMS = tuple(a for a in DEFAULT_ALGORITHMS if a is not Algorithm.ZSTD)
+
+
 async def _client_run(url: str, **options: Any) -> None:
-    async with connect(url, identity=DEMO_IDENTITY, token_stats=True, **options) as session:
+    async with connect(
+        url, identity=DEMO_IDENTITY, token_stats=True, algorithms=PER_MESSAGE_ALGORITHMS, **options
+    ) as session:
         info = session.info
         print(f"   session {info.session_id}")
         print(

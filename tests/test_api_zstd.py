@@ -86,13 +86,15 @@ async def test_bad_frames_end_the_session_with_a_clear_error(scheme: str, damage
             state = session._protocol._zstd
             assert state is not None
             if damage == "flip":
-                frame = bytearray(state.encode_binary(str(steps[1]), "text"))
+                frame = bytearray(state.encode_binary(state.envelope("text"), str(steps[1])))
                 frame[len(frame) // 2] ^= 0x10
             elif damage == "drop":
-                state.encode_binary("a message the server never gets", "text")  # lost: history diverges
-                frame = bytearray(state.encode_binary("next", "text"))
+                state.encode_binary(
+                    state.envelope("text"), "a message the server never gets"
+                )  # lost: history diverges
+                frame = bytearray(state.encode_binary(state.envelope("text"), "next"))
             else:  # 64 MiB through the real context: a few KB frame
-                frame = bytearray(state.encode_binary("\0" * (64 << 20), "text"))
+                frame = bytearray(state.encode_binary(state.envelope("text"), "\0" * (64 << 20)))
                 assert len(frame) < 64 * 1024
             await _raw_send(session, bytes(frame))
             reason = await _session_ends_with(session, "INVALID_DATA")
@@ -109,7 +111,27 @@ async def test_server_keeps_serving_other_sessions_after_a_bad_one(scheme: str) 
         async with connect(server.url, **opts) as good, connect(server.url, **opts) as bad:
             state = bad._protocol._zstd
             assert state is not None
-            await _raw_send(bad, state.encode_binary("\x00" * 100, "text")[:-3])
+            await _raw_send(bad, state.encode_binary(state.envelope("text"), "\x00" * 100)[:-3])
             await _session_ends_with(bad, "INVALID_DATA")
             await good.send({"still": "here"})
             assert (await good.recv()).value == {"still": "here"}
+
+
+async def test_requests_and_streams_travel_in_the_context(scheme: str) -> None:
+    async def answerer(session: Session) -> None:
+        async for message in session:
+            if message.value == {"stream": True}:
+                for part in range(3):
+                    await session.reply(message, {"part": part}, more=part < 2)
+            else:
+                await session.reply(message, {"answer": message.value})
+
+    async with running(answerer, scheme, algorithms=ALGS) as server:
+        async with connect(server.url, algorithms=ALGS, **client_opts(server)) as session:
+            steps = [content for sender, content in workload("agent_loop") if sender == "client"][:3]
+            for request in steps:
+                answer = await session.request(request, timeout=10)
+                assert answer.value == {"answer": request} and answer.algorithm == "zstd" and answer.binary
+            parts = [part.value async for part in session.stream({"stream": True}, timeout=10)]
+            assert parts == [{"part": 0}, {"part": 1}, {"part": 2}]
+            assert session.stats.by_algorithm == {"zstd/binary": 4}

@@ -44,6 +44,7 @@ from m2mwire.codecs.avp import FLAG_COMPRESSED, AVPMessage, payload_size
 from m2mwire.codecs.avp import decode as avp_decode
 from m2mwire.codecs.jsonutil import check_json_text, dumps_compact, loads_limited, parse_json
 from m2mwire.codecs.select import NONE_BELOW
+from m2mwire.codecs.varint import b64encode
 from m2mwire.codecs.wire import encode_with
 from m2mwire.codecs.zstdcontext import ZSTD_KIND, ZSTD_PREFIX, payload_bound
 from m2mwire.errors import (
@@ -247,7 +248,7 @@ class Stats:
     original_tokens_sent: int = 0
     wire_tokens_sent: int = 0
     original_tokens_received: int = 0  # text DATA received (token_stats=True)
-    wire_tokens_received: int = 0  # their wire strings (token_stats=True)
+    wire_tokens_received: int = 0  # their wire strings (token_stats=True; binary zstd: as #ZS| text)
     by_algorithm: dict[str, int] = field(default_factory=dict)
     ping_rtt: float | None = None  # seconds from our last answered PING to its PONG
 
@@ -358,6 +359,73 @@ CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_TOO_BIG = 1009
 CLOSE_GOING_AWAY = 1001
 CLOSE_INTERNAL_ERROR = 1011
+
+
+def _zstd_binary_tokens(frame: bytes | memoryview) -> int:
+    """token_stats for a binary zstd message: the tokens of its #ZS| text form, what the same
+    bytes would cost an LLM reading the wire."""
+    return count_tokens(ZSTD_PREFIX + b64encode(memoryview(frame)[1:]))
+
+
+def _correlate(
+    payload: DataPayload,
+    request_id: str | None,
+    reply_to: str | None,
+    more: bool,
+    trace: Mapping[str, str] | None,
+) -> DataPayload:
+    """Set a request's or an answer's fields on ``payload`` (docs/PROTOCOL.md "Requests and streams")."""
+    if request_id is not None:
+        payload.request_id = request_id
+    if reply_to is not None:
+        payload.reply_to = reply_to
+        payload.more = more
+    if trace:
+        payload.traceparent = trace.get("traceparent", msgspec.UNSET)
+        payload.tracestate = trace.get("tracestate", msgspec.UNSET)
+    return payload
+
+
+def _data_message(
+    payload: DataPayload | None,
+    kind: Literal["text", "json"],
+    algorithm: str,
+    binary: bool,
+    wire_bytes: int,
+    original: int,
+    text: str,
+    value: Any,
+    decoded_bytes: int,
+) -> Message:
+    """The Message for a decoded DATA payload, with its request fields when it has any."""
+    if payload is None or (payload.request_id is _UNSET and payload.reply_to is _UNSET):
+        # plain DATA, the usual case
+        return Message(
+            kind=kind,
+            algorithm=algorithm,
+            binary=binary,
+            wire_bytes=wire_bytes,
+            original_bytes=original,
+            text=text,
+            value=value,
+            decoded_bytes=decoded_bytes,
+        )
+    request_id, reply_to = payload.request_id, payload.reply_to
+    return Message(
+        kind=kind,
+        algorithm=algorithm,
+        binary=binary,
+        wire_bytes=wire_bytes,
+        original_bytes=original,
+        text=text,
+        value=value,
+        request_id=request_id if isinstance(request_id, str) else None,
+        reply_to=reply_to if isinstance(reply_to, str) else None,
+        more=payload.more is True,
+        traceparent=payload.traceparent if isinstance(payload.traceparent, str) else None,
+        tracestate=payload.tracestate if isinstance(payload.tracestate, str) else None,
+        decoded_bytes=decoded_bytes,
+    )
 
 
 class SessionProtocol:
@@ -624,7 +692,14 @@ class SessionProtocol:
             if self._zstd is not None and (
                 algorithm is Algorithm.ZSTD or (algorithm is None and self.config.optimize == "bytes")
             ):
-                zsent = self._send_zstd(text, content_type, original, info, explicit=algorithm is not None)
+                correlation = (
+                    _correlate(DataPayload(algorithm="zstd", content=""), request_id, reply_to, more, trace)
+                    if correlated
+                    else None
+                )
+                zsent = self._send_zstd(
+                    text, content_type, original, info, correlation, explicit=algorithm is not None
+                )
                 if zsent is not None:
                     self._account_sent(zsent, now)
                     return zsent
@@ -643,14 +718,7 @@ class SessionProtocol:
                 algorithm=algorithm, content=wire, original_size=original, content_type=content_type
             )
             if correlated:
-                if request_id is not None:
-                    payload.request_id = request_id
-                if reply_to is not None:
-                    payload.reply_to = reply_to
-                    payload.more = more
-                if trace:
-                    payload.traceparent = trace.get("traceparent", msgspec.UNSET)
-                    payload.tracestate = trace.get("tracestate", msgspec.UNSET)
+                _correlate(payload, request_id, reply_to, more, trace)
             envelope = encode_data(payload, info.session_id)
             if len(envelope) > self._payload_limit or not envelope.isascii():
                 self._check_payload_size(_utf8_len(envelope), "DATA message")
@@ -672,11 +740,13 @@ class SessionProtocol:
         content_type: Literal["text", "json"],
         original: int,
         info: SessionInfo,
+        correlation: DataPayload | None,
         *,
         explicit: bool,
     ) -> SentInfo | None:
         """Queue ``text`` through the session's zstd context; None when it cannot go that way and
-        automatic selection should choose another algorithm.
+        automatic selection should choose another algorithm. ``correlation`` holds a request's or
+        an answer's fields (None on plain DATA).
 
         Every size check happens before compressing: a message compressed into the context must be
         sent, or the peer's context would miss it.
@@ -687,10 +757,16 @@ class SessionProtocol:
         if state.peer_binary:
             # The whole DATA message goes through the context (see inner_message), bounded like a
             # text message: at most max_payload.
-            inner = state.binary_size(original, content_type)
+            envelope = state.envelope(content_type, correlation)
+            inner = len(envelope) + original
             if inner <= limit and 1 + payload_bound(inner) <= limit:
-                frame = state.encode_binary(text, content_type)
+                frame = state.encode_binary(envelope, text)
                 self._queue_output(SendMessage((frame,)))
+                if self.config.token_stats:
+                    tokens = (count_tokens(text), _zstd_binary_tokens(frame))
+                    self.stats.original_tokens_sent += tokens[0]
+                    self.stats.wire_tokens_sent += tokens[1]
+                    return SentInfo("zstd", True, original, len(frame), *tokens)
                 return SentInfo("zstd", True, original, len(frame))
         # The text form: only the content goes through the context, inside a plain DATA envelope.
         # Chosen automatically only from NONE_BELOW bytes on, like every base64 form (below it the
@@ -699,13 +775,9 @@ class SessionProtocol:
             return None
         if text_form_bound(original) + 256 + len(info.session_id) <= limit:
             wire = state.encode_text(text.encode("utf-8"))
-            envelope = encode_data(
-                DataPayload(
-                    algorithm="zstd", content=wire, original_size=original, content_type=content_type
-                ),
-                info.session_id,
-            )
-            self._queue_output(SendMessage(envelope))
+            payload = correlation or DataPayload(algorithm="zstd", content="")
+            payload.content, payload.original_size, payload.content_type = wire, original, content_type
+            self._queue_output(SendMessage(encode_data(payload, info.session_id)))
             if self.config.token_stats:
                 tokens = (count_tokens(text), count_tokens(wire))
                 self.stats.original_tokens_sent += tokens[0]
@@ -1052,34 +1124,7 @@ class SessionProtocol:
         if self.config.token_stats:
             self.stats.original_tokens_received += count_tokens(text)
             self.stats.wire_tokens_received += count_tokens(content)
-        request_id, reply_to = payload.request_id, payload.reply_to
-        if request_id is _UNSET and reply_to is _UNSET:  # plain DATA, the usual case
-            message = Message(
-                kind=kind,
-                algorithm=algorithm,
-                binary=False,
-                wire_bytes=wire_bytes,
-                original_bytes=original,
-                text=text,
-                value=value,
-                decoded_bytes=held,
-            )
-        else:
-            message = Message(
-                kind=kind,
-                algorithm=algorithm,
-                binary=False,
-                wire_bytes=wire_bytes,
-                original_bytes=original,
-                text=text,
-                value=value,
-                request_id=request_id if isinstance(request_id, str) else None,
-                reply_to=reply_to if isinstance(reply_to, str) else None,
-                more=payload.more is True,
-                traceparent=payload.traceparent if isinstance(payload.traceparent, str) else None,
-                tracestate=payload.tracestate if isinstance(payload.tracestate, str) else None,
-                decoded_bytes=held,
-            )
+        message = _data_message(payload, kind, algorithm, False, wire_bytes, original, text, value, held)
         return self._deliver(message, now)
 
     def _on_ping(self, sid: str | None, _payload: Any, _now: float) -> None:
@@ -1157,22 +1202,17 @@ class SessionProtocol:
     def _receive_zstd_binary(self, view: bytes | memoryview, size: int) -> Message | None:
         """The DATA message inside a zstd-context binary frame (raises M2MError when undecodable)."""
         assert self._zstd is not None
-        session_id, kind, text = self._zstd.decode_binary(view, self._payload_limit)
+        session_id, payload, kind, text = self._zstd.decode_binary(view, self._payload_limit)
         if session_id != self._session_id:
             self._protocol_violation(
                 f"DATA for session {session_id!r} on session {self._session_id!r}", "UNKNOWN_SESSION"
             )
             return None
         value = loads_limited(text, limits=self.config.limits) if kind == "json" else None
-        return Message(
-            kind=kind,
-            algorithm="zstd",
-            binary=True,
-            wire_bytes=size,
-            original_bytes=_utf8_len(text),
-            text=text,
-            value=value,
-        )
+        if self.config.token_stats:
+            self.stats.original_tokens_received += count_tokens(text)
+            self.stats.wire_tokens_received += _zstd_binary_tokens(view)
+        return _data_message(payload, kind, "zstd", True, size, _utf8_len(text), text, value)
 
     def _establish(self, result: Negotiated, peer: Capabilities, now: float) -> None:
         assert self._session_id is not None

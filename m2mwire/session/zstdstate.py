@@ -63,7 +63,7 @@ def _text(data: bytes) -> str:
 class ZstdSessionState:
     """Both directions' zstd contexts of one session."""
 
-    __slots__ = ("_envelopes", "_known", "_receiver", "_sender", "peer_binary")
+    __slots__ = ("_envelopes", "_known", "_receiver", "_sender", "_session_id", "peer_binary")
 
     def __init__(
         self,
@@ -77,6 +77,7 @@ class ZstdSessionState:
         self._sender = ContextCompressor(window, level=level, dictionary=dictionary)
         self._receiver = ContextDecompressor(window, dictionary=dictionary)
         self.peer_binary = peer_binary  # the peer reads the binary form (else send "#ZS|" text)
+        self._session_id = session_id
         # Without a timestamp the envelope of a session is one of two byte strings: made once,
         # and an incoming one equal to ours is known without parsing it.
         text, json = _envelope("text", session_id), _envelope("json", session_id)
@@ -86,34 +87,42 @@ class ZstdSessionState:
             json: (session_id, "json"),
         }
 
-    def binary_size(self, content_bytes: int, content_type: ContentType) -> int:
-        """Size of what encode_binary() compresses for content of ``content_bytes`` UTF-8 bytes."""
-        return len(self._envelopes[content_type]) + content_bytes
+    def envelope(self, content_type: ContentType, correlation: DataPayload | None = None) -> bytes:
+        """The envelope line of a binary message (see inner_message); ``correlation`` carries a
+        request's or an answer's fields (its ``content`` is ignored)."""
+        if correlation is None:
+            return self._envelopes[content_type]
+        correlation.content, correlation.content_type = "", content_type
+        return encode_data_bytes(correlation, self._session_id) + b"\n"
 
-    def encode_binary(self, text: str, content_type: ContentType) -> bytes:
-        """A binary message: ``0x5A`` + the payload of the whole DATA message (see inner_message)."""
-        return self._sender.compress(self._envelopes[content_type] + text.encode("utf-8"), ZSTD_KIND_BYTE)
+    def encode_binary(self, envelope: bytes, text: str) -> bytes:
+        """A binary message: ``0x5A`` + the payload of ``envelope`` (from :meth:`envelope`) + ``text``."""
+        return self._sender.compress(envelope + text.encode("utf-8"), ZSTD_KIND_BYTE)
 
     def encode_text(self, content: bytes) -> str:
         """A ``#ZS|`` wire string carrying ``content`` (the DATA content only)."""
         return ZSTD_PREFIX + b64encode(self._sender.compress(content))
 
-    def decode_binary(self, frame: bytes | memoryview, limit: int) -> tuple[str | None, ContentType, str]:
-        """(session id, content type, content) of a binary message (first byte 0x5A); at most
-        ``limit`` bytes are decompressed. Raises DecodeError, LimitExceeded or ProtocolError."""
+    def decode_binary(
+        self, frame: bytes | memoryview, limit: int
+    ) -> tuple[str | None, DataPayload | None, ContentType, str]:
+        """(session id, payload, content type, content) of a binary message (first byte 0x5A); the
+        payload is None for a plain envelope of this session, which is recognised without parsing.
+        At most ``limit`` bytes are decompressed. Raises DecodeError, LimitExceeded or ProtocolError."""
         raw = self._receiver.decompress(frame, limit, 1)
         split = raw.find(b"\n") + 1  # compact JSON never holds a raw line feed: the envelope ends here
         if not split:
             raise DecodeError("zstd binary message holds no line feed between the envelope and the content")
         known = self._known.get(raw[:split])
         session_id: str | None
+        payload: DataPayload | None = None
         if known is not None:
             session_id, content_type = known
-        else:  # another implementation's spelling (key order, a timestamp, ...): parse it
+        else:  # requests and answers, or another implementation's spelling: parse it
             envelope = decode_data_bytes(raw[: split - 1])
-            session_id = envelope.session_id
-            content_type = "json" if envelope.payload.content_type == "json" else "text"
-        return session_id, content_type, _text(raw[split:])
+            session_id, payload = envelope.session_id, envelope.payload
+            content_type = "json" if payload.content_type == "json" else "text"
+        return session_id, payload, content_type, _text(raw[split:])
 
     def decode_text(self, wire: str, limit: int) -> str:
         """The content inside a ``#ZS|`` wire string, at most ``limit`` bytes."""

@@ -148,7 +148,9 @@ def test_bomb_inside_a_valid_stream_is_refused() -> None:
     limit = 128 * 1024
     c, s = pair(cfg(algorithms=ZSTD_ALGS, max_payload=limit), cfg(algorithms=ZSTD_ALGS, max_payload=limit))
     assert c._zstd is not None
-    frame = c._zstd.encode_binary("A" * (32 << 20), "text")  # 32 MiB through the client's context
+    frame = c._zstd.encode_binary(
+        c._zstd.envelope("text"), "A" * (32 << 20)
+    )  # 32 MiB through the client's context
     assert len(frame) < 16 * 1024
     assert s.receive_binary(frame, 1.0) is None
     err = violation(s)
@@ -361,3 +363,20 @@ def test_wrong_session_and_bad_utf8_inside_the_context_are_violations() -> None:
     c, s = pair(cfg(algorithms=ZSTD_ALGS), cfg(algorithms=ZSTD_ALGS))
     assert s.receive_binary(_forge(c, b'{"type":"PING"}\n'), 1.0) is None
     assert violation(s).code == "INVALID_DATA"
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_request_fields_travel_in_both_forms(binary: bool) -> None:
+    c, s = pair(cfg(algorithms=ZSTD_ALGS, zstd=ZstdOptions(binary=binary)), cfg(algorithms=ZSTD_ALGS))
+    trace = {"traceparent": "00-" + "ab" * 16 + "-" + "cd" * 8 + "-01"}
+    s.send({"q": "x" * 200}, 1.0, request_id="1f", trace=trace)
+    got: list[Message] = []
+    pump(s, c, 1.0, got)
+    c.send({"a": 1}, 1.0, reply_to="1f", more=True)
+    c.send("plain", 1.0)
+    pump(c, s, 1.0, got)
+    request, answer, plain = got
+    assert request.algorithm == "zstd" and request.binary is binary
+    assert request.request_id == "1f" and request.traceparent == trace["traceparent"]
+    assert answer.reply_to == "1f" and answer.more and answer.value == {"a": 1}
+    assert plain.request_id is None and plain.reply_to is None and plain.text == "plain"
