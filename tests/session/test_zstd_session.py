@@ -380,3 +380,12 @@ def test_request_fields_travel_in_both_forms(binary: bool) -> None:
     assert request.request_id == "1f" and request.traceparent == trace["traceparent"]
     assert answer.reply_to == "1f" and answer.more and answer.value == {"a": 1}
     assert plain.request_id is None and plain.reply_to is None and plain.text == "plain"
+
+
+def test_token_stats_count_binary_zstd_as_its_text_form() -> None:
+    c, s = pair(cfg(algorithms=ZSTD_ALGS, token_stats=True), cfg(algorithms=ZSTD_ALGS, token_stats=True))
+    sent = c.send({"messages": [{"role": "user", "content": "count me " * 30}]}, 1.0)
+    pump(c, s, 1.0, [])
+    assert sent.binary and sent.original_tokens and sent.wire_tokens
+    assert s.stats.original_tokens_received == sent.original_tokens
+    assert s.stats.wire_tokens_received == sent.wire_tokens
