@@ -389,3 +389,22 @@ def test_token_stats_count_binary_zstd_as_its_text_form() -> None:
     assert sent.binary and sent.original_tokens and sent.wire_tokens
     assert s.stats.original_tokens_received == sent.original_tokens
     assert s.stats.wire_tokens_received == sent.wire_tokens
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_edge_contents_round_trip_in_both_forms(binary: bool) -> None:
+    c, s = pair(cfg(algorithms=ZSTD_ALGS, zstd=ZstdOptions(binary=binary)), cfg(algorithms=ZSTD_ALGS))
+    contents: list[Any] = [
+        "",
+        "日本語のテキスト 👋🏽 " * 20,
+        "#TK|C|sk0L/Q4A",
+        "line\nfeeds\n",
+        {"k": "é" * 300},
+        [],
+    ]
+    got: list[Message] = []
+    for content in contents:
+        s.send(content, 1.0, algorithm=A.ZSTD)
+        pump(s, c, 1.0, got)
+    assert [m.value if m.kind == "json" else m.text for m in got] == contents
+    assert all(m.algorithm == "zstd" and m.binary is binary for m in got)
