@@ -1100,8 +1100,8 @@ class SessionProtocol:
         wire_bytes = len(content) if content.isascii() else _utf8_len(content)
         try:
             if self._zstd is not None and content.startswith(ZSTD_PREFIX):
-                limit = min(self._payload_limit, limits.max_output_bytes)
-                text, algorithm = self._zstd.decode_text(content, limit), "zstd"
+                # limits.max_output_bytes is already at most the negotiated max_payload
+                text, algorithm = self._zstd.decode_text(content, limits.max_output_bytes), "zstd"
                 original = _utf8_len(text)
             elif content.startswith("#") or wire_bytes > min(
                 limits.max_message_bytes, limits.max_output_bytes
@@ -1208,11 +1208,15 @@ class SessionProtocol:
                 f"DATA for session {session_id!r} on session {self._session_id!r}", "UNKNOWN_SESSION"
             )
             return None
-        value = loads_limited(text, limits=self.config.limits) if kind == "json" else None
+        held = sys.getsizeof(text)
+        value = None
+        if kind == "json":
+            value, cost = parse_json(text, limits=self._limits)
+            held += cost
         if self.config.token_stats:
             self.stats.original_tokens_received += count_tokens(text)
             self.stats.wire_tokens_received += _zstd_binary_tokens(view)
-        return _data_message(payload, kind, "zstd", True, size, _utf8_len(text), text, value)
+        return _data_message(payload, kind, "zstd", True, size, _utf8_len(text), text, value, held)
 
     def _establish(self, result: Negotiated, peer: Capabilities, now: float) -> None:
         assert self._session_id is not None

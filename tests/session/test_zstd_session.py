@@ -13,7 +13,7 @@ from m2mwire.codecs import Algorithm
 from m2mwire.codecs.zstdcontext import DEFAULT_WINDOW, MAX_WINDOW, ZSTD_KIND, ZstdDictionary
 from m2mwire.errors import LimitExceeded, ProtocolError
 from m2mwire.session.config import ZstdOptions, make_config
-from m2mwire.session.core import Message, Role, SendMessage, SessionProtocol, State
+from m2mwire.session.core import Closed, Message, Role, SendMessage, SessionProtocol, State
 from m2mwire.workloads import workload
 from tests.session.test_core import cfg, drain, pair, pump
 
@@ -153,8 +153,10 @@ def test_bomb_inside_a_valid_stream_is_refused() -> None:
     )  # 32 MiB through the client's context
     assert len(frame) < 16 * 1024
     assert s.receive_binary(frame, 1.0) is None
-    err = violation(s)
-    assert err.code == "INVALID_DATA" and "over the limit of 131072" in str(err)
+    closed = [e for e in drain(s) if isinstance(e, Closed)]
+    assert s.state is State.CLOSED and closed[-1].code == "MESSAGE_TOO_BIG"
+    assert isinstance(closed[-1].error, LimitExceeded) and "over the limit of 131072" in closed[-1].reason
+    assert "zstd" in closed[-1].reason
 
 
 def test_corrupted_frame_ends_the_session_with_a_clear_error() -> None:
