@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import tracemalloc
 import zlib
 
@@ -163,3 +164,14 @@ def test_text_prefix_is_reserved_and_needs_a_session() -> None:
         compress("hello", "zstd")
     with pytest.raises(EncodeError, match="none of the allowed"):
         compress("hello", allowed=["zstd"])
+
+
+def test_large_messages_take_the_sliced_path_and_round_trip() -> None:
+    # Incompressible bytes: the payload is far above the one-call size, so it is fed in slices.
+    big = random.Random(5).randbytes(3 << 20)
+    cc, dc = ContextCompressor(), ContextDecompressor()
+    payload = cc.compress(big)
+    assert len(payload) * 32768 > (16 << 20) + OUTPUT_SLACK
+    assert dc.decompress(payload, 16 << 20) == big
+    again = big[: 1 << 20] + b"tail"  # history still in step after the sliced message
+    assert dc.decompress(cc.compress(again), 16 << 20) == again
