@@ -773,10 +773,12 @@ class SessionProtocol:
         # base64 payload is longer than the content).
         if not explicit and original < NONE_BELOW:
             return None
-        if text_form_bound(original) + 256 + len(info.session_id) <= limit:
+        payload = correlation or DataPayload(algorithm="zstd", content="")
+        payload.content, payload.original_size, payload.content_type = "", original, content_type
+        # The envelope without its content, measured exactly (request and trace fields vary).
+        if text_form_bound(original) + _utf8_len(encode_data(payload, info.session_id)) <= limit:
             wire = state.encode_text(text.encode("utf-8"))
-            payload = correlation or DataPayload(algorithm="zstd", content="")
-            payload.content, payload.original_size, payload.content_type = wire, original, content_type
+            payload.content = wire
             self._queue_output(SendMessage(encode_data(payload, info.session_id)))
             if self.config.token_stats:
                 tokens = (count_tokens(text), count_tokens(wire))
