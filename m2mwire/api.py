@@ -18,7 +18,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Unpack, cast
 
 import numpy as np
 
@@ -35,7 +35,14 @@ from m2mwire.errors import (
     SessionTimeout,
     TransportError,
 )
-from m2mwire.options import Endpoint, load_server_certificate, parse_url, split_options
+from m2mwire.options import (
+    ConnectOptions,
+    Endpoint,
+    ServeOptions,
+    load_server_certificate,
+    parse_url,
+    split_options,
+)
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, SessionConfig, transport_limit
 from m2mwire.session.core import (
     AVP_MORE_KEY,
@@ -992,9 +999,9 @@ class connect:
     connection from :func:`open_quic_connection`, to run several sessions over one connection).
     """
 
-    def __init__(self, url: str, **options: Any) -> None:
+    def __init__(self, url: str, **options: Unpack[ConnectOptions]) -> None:
         self._endpoint = parse_url(url)
-        self._config, self._topts = split_options(options, "connect", self._endpoint)
+        self._config, self._topts = split_options(dict(options), "connect", self._endpoint)
         self._session: Session | None = None
 
     async def _open(self) -> Session:
@@ -1251,7 +1258,7 @@ def _server_ssl(topts: dict[str, Any]) -> tuple[ssl_module.SSLContext, str | Non
     return tls.server_ssl_context(certfile, keyfile), cert.fingerprint
 
 
-def serve(handler: Handler, url: str, **options: Any) -> Server:
+def serve(handler: Handler, url: str, **options: Unpack[ServeOptions]) -> Server:
     """Serve sessions: ``async with m2mwire.serve(handler, "ws://127.0.0.1:0") as server: ...``.
 
     ``handler(session)`` runs once per established session; when it returns, the session is closed.
@@ -1259,4 +1266,4 @@ def serve(handler: Handler, url: str, **options: Any) -> Server:
     for wss:// and quic://; without them a self-signed certificate is generated and its
     fingerprint logged and exposed as ``server.fingerprint``), idle_timeout (QUIC).
     """
-    return Server(handler, url, options)
+    return Server(handler, url, dict(options))

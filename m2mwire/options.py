@@ -10,14 +10,81 @@ from __future__ import annotations
 
 import os
 import ssl as ssl_module
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypedDict
 from urllib.parse import urlsplit
 
 from m2mwire.errors import ConfigError
 from m2mwire.session.config import SESSION_OPTIONS, SessionConfig, make_config
 
-__all__ = ["Call", "Endpoint", "load_server_certificate", "parse_url", "split_options", "valid_options"]
+if TYPE_CHECKING:
+    from m2mwire.admission import Hello
+    from m2mwire.codecs.limits import Limits
+    from m2mwire.schemas.identity import ModelIdentity
+    from m2mwire.session.config import Timers, ZstdOptions
+    from m2mwire.transport.quic import QuicClientConnection
+
+__all__ = [
+    "Call",
+    "ConnectOptions",
+    "Endpoint",
+    "ServeOptions",
+    "load_server_certificate",
+    "parse_url",
+    "split_options",
+    "valid_options",
+]
+
+
+class SessionOptions(TypedDict, total=False):
+    """Options of both connect() and serve(): what this endpoint brings to a session (SessionConfig).
+
+    Typed so that a checker catches a misspelt option in the caller's code; at run time an unknown
+    or inapplicable option raises ConfigError as well (split_options)."""
+
+    algorithms: str | Iterable[str]
+    encodings: str | Iterable[str]
+    preferred_encoding: str | None
+    max_payload: int
+    identity: ModelIdentity | None
+    agent_id: str
+    agent_type: str
+    timers: Timers | Mapping[str, float | None]
+    limits: Limits
+    optimize: Literal["bytes", "tokens"]
+    token_stats: bool
+    max_queue: int
+    max_queue_bytes: int
+    zstd: ZstdOptions | Mapping[str, Any]
+
+
+class ConnectOptions(SessionOptions, total=False):
+    """Keyword options of :func:`m2mwire.connect` (which apply depends on the URL's scheme)."""
+
+    token: str | None
+    ssl: ssl_module.SSLContext | None
+    cafile: str | os.PathLike[str] | None
+    cadata: str | bytes | None
+    fingerprint: str | None
+    insecure: bool
+    server_name: str | None
+    open_timeout: float | None
+    idle_timeout: float | None
+    connection: QuicClientConnection | None
+
+
+class ServeOptions(SessionOptions, total=False):
+    """Keyword options of :func:`m2mwire.serve` (which apply depends on the URL's scheme)."""
+
+    on_hello: Callable[[Hello], Awaitable[None] | None] | None
+    max_sessions: int | None
+    max_sessions_per_peer: int | None
+    ssl: ssl_module.SSLContext | None
+    certfile: str | os.PathLike[str] | None
+    keyfile: str | os.PathLike[str] | None
+    idle_timeout: float | None
+
 
 Call = Literal["connect", "serve"]
 Scheme = Literal["ws", "wss", "quic"]
