@@ -928,6 +928,12 @@ async def _open_channel(ep: Endpoint, config: SessionConfig, topts: dict[str, An
     # Only control messages (ACCEPT, REJECT) until the session is established; the Session then
     # raises the limit to the negotiated max_payload.
     max_size = CONTROL_MESSAGE_LIMIT
+    if ep.scheme == "nats":
+        from m2mwire.transport.nats.service import open_nats_channel
+
+        return await open_nats_channel(
+            ep.url, max_message_size=max_size, options=topts, open_timeout=topts.get("open_timeout", 10.0)
+        )
     if ep.scheme in ("ws", "wss"):
         from m2mwire.transport.websocket import connect_websocket
 
@@ -1090,6 +1096,8 @@ class Server:
 
     @property
     def url(self) -> str:
+        if self._endpoint.scheme == "nats":
+            return self._endpoint.url
         host = self._endpoint.host
         if ":" in host:
             host = f"[{host}]"
@@ -1169,6 +1177,13 @@ class Server:
 
     async def start(self) -> Server:
         ep = self._endpoint
+        if ep.scheme == "nats":
+            from m2mwire.transport.nats.service import serve_nats
+
+            self._impl = await serve_nats(
+                self._run_session, ep.url, max_message_size=CONTROL_MESSAGE_LIMIT, options=self._topts
+            )
+            return self
         if ep.scheme in ("ws", "wss"):
             from m2mwire.transport.websocket import serve_websocket
 

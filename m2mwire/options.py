@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from m2mwire.errors import ConfigError
 from m2mwire.session.config import SESSION_OPTIONS, SessionConfig, make_config
+from m2mwire.transport.nats.options import NATS_CLIENT_OPTIONS, NATS_SERVER_OPTIONS, parse_nats_url
 
 if TYPE_CHECKING:
     from m2mwire.admission import Hello
@@ -87,10 +88,10 @@ class ServeOptions(SessionOptions, total=False):
 
 
 Call = Literal["connect", "serve"]
-Scheme = Literal["ws", "wss", "quic"]
+Scheme = Literal["ws", "wss", "quic", "nats"]
 
-_SCHEMES: tuple[Scheme, ...] = ("ws", "wss", "quic")
-_DEFAULT_PORTS: dict[str, int] = {"ws": 80, "wss": 443, "quic": 4433}
+_SCHEMES: tuple[Scheme, ...] = ("ws", "wss", "quic", "nats")
+_DEFAULT_PORTS: dict[str, int] = {"ws": 80, "wss": 443, "quic": 4433, "nats": 4222}
 
 # Transport options per call and scheme; every session option (SessionConfig's fields) applies to all.
 _TRANSPORT_OPTIONS: dict[Call, dict[Scheme, tuple[str, ...]]] = {
@@ -107,11 +108,13 @@ _TRANSPORT_OPTIONS: dict[Call, dict[Scheme, tuple[str, ...]]] = {
             "idle_timeout",
             "connection",
         ),
+        "nats": ("open_timeout", *NATS_CLIENT_OPTIONS),
     },
     "serve": {
         "ws": (),
         "wss": ("ssl", "certfile", "keyfile"),
         "quic": ("certfile", "keyfile", "idle_timeout"),
+        "nats": NATS_SERVER_OPTIONS,
     },
 }
 # Options of one call only: the client's credential, the server's admission control (serve() takes
@@ -143,6 +146,12 @@ def parse_url(url: str) -> Endpoint:
         raise ConfigError(f"URL {url!r} has no scheme: write ws://{url}, wss://{url} or quic://{url}")
     parts = urlsplit(url)
     scheme = parts.scheme.lower()
+    if scheme == "nats":  # several hosts and a service subject: nats://h1:4222,h2:4222/agents.planner
+        try:
+            parse_nats_url(url)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
+        return Endpoint("nats", "", 0, url)
     if scheme in ("http", "https"):
         secure = scheme == "https"
         raise ConfigError(
@@ -150,7 +159,9 @@ def parse_url(url: str) -> Endpoint:
             "WebSocket server or quic:// for a QUIC server"
         )
     if scheme not in _SCHEMES:
-        raise ConfigError(f"unsupported URL scheme {parts.scheme!r} in {url!r}: use ws://, wss:// or quic://")
+        raise ConfigError(
+            f"unsupported URL scheme {parts.scheme!r} in {url!r}: use ws://, wss://, quic:// or nats://"
+        )
     try:
         port = parts.port
     except ValueError as exc:  # urllib's "Port could not be cast to integer value" and out-of-range

@@ -1,0 +1,178 @@
+"""One shared NATS connection per process (per event loop and option set), and message routing.
+
+Every session of a process uses the same nats-py connection; each process subscribes once to a
+wildcard under a random prefix of its own and routes incoming messages to channels by subject, in
+the nats-py callback (no task per session, no queue per session).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.errors import Error as NatsError
+
+from m2mwire.errors import TransportError
+from m2mwire.transport.nats.options import NatsTarget, nats_connect_kwargs
+
+__all__ = ["Bus", "Routed", "acquire_bus"]
+
+log = logging.getLogger("m2mwire.nats")
+
+# Status line nats-server sends to a reply subject nobody listens on (no_responders).
+_NO_RESPONDERS = "503"
+
+
+class Routed(Protocol):
+    """What the bus routes messages to (a channel)."""
+
+    def on_nats(self, data: bytes) -> None: ...
+
+    def on_no_responders(self) -> None: ...
+
+    def on_reconnected(self) -> None: ...
+
+    def on_bus_closed(self, error: TransportError) -> None: ...
+
+
+class Bus:
+    """A nats-py connection shared by the sessions of one process, with its subject routes."""
+
+    def __init__(self, key: tuple[Any, ...]) -> None:
+        self.key = key
+        self.nc: Client = Client()
+        self.routes: dict[str, Routed] = {}
+        self.users = 0
+        self.prefixes: dict[str, Subscription] = {}
+        self.reconnected = asyncio.Event()  # set while connected
+        self.client_prefix = ""  # where this process's client subjects live
+        self.label = f"nats-client-{secrets.token_hex(6)}"  # per-process peer label for admission
+
+    async def start(self, target: NatsTarget, options: dict[str, Any]) -> None:
+        kwargs = nats_connect_kwargs(options)
+        kwargs.setdefault("name", f"m2mwire {self.label}")
+        try:
+            await self.nc.connect(
+                servers=list(target.servers),
+                error_cb=self._on_error,
+                disconnected_cb=self._on_disconnected,
+                reconnected_cb=self._on_reconnected,
+                closed_cb=self._on_closed,
+                **kwargs,
+            )
+        except (TimeoutError, OSError, NatsError) as exc:
+            raise TransportError(
+                f"could not connect to NATS at {', '.join(target.servers)}: {exc or type(exc).__name__}"
+            ) from exc
+        self.reconnected.set()
+        self.client_prefix = self.nc.new_inbox()
+        await self.subscribe_prefix(self.client_prefix)
+
+    async def subscribe_prefix(self, prefix: str) -> None:
+        """Route messages on ``prefix.*`` to channels (one subscription per prefix)."""
+        if prefix in self.prefixes:
+            return
+        # pending limits off: the credit windows bound what waits here, and nats-py would drop
+        # messages (slow consumer) at its own limits instead of letting us push back.
+        self.prefixes[prefix] = await self.nc.subscribe(
+            f"{prefix}.*", cb=self._dispatch, pending_msgs_limit=0, pending_bytes_limit=0
+        )
+
+    async def _dispatch(self, msg: Msg) -> None:
+        target = self.routes.get(msg.subject)
+        if target is None:
+            return  # a session that has ended; its peer learns it from CLOSE/ABORT or liveness
+        headers = msg.headers
+        if headers is not None and not msg.data and headers.get("Status") == _NO_RESPONDERS:
+            target.on_no_responders()
+        else:
+            target.on_nats(msg.data)
+
+    async def subscribe_service(
+        self, subject: str, queue: str, cb: Callable[[Msg], Awaitable[None]]
+    ) -> Subscription:
+        return await self.nc.subscribe(
+            subject, queue=queue, cb=cb, pending_msgs_limit=0, pending_bytes_limit=0
+        )
+
+    def publish_soon(self, subject: str, payload: bytes) -> None:
+        """Best-effort publish from synchronous code (CREDIT, PROBE, ABORT)."""
+        task = asyncio.ensure_future(self._publish_quietly(subject, payload))
+        _background.add(task)
+        task.add_done_callback(_background.discard)
+
+    async def _publish_quietly(self, subject: str, payload: bytes) -> None:
+        try:
+            await self.nc.publish(subject, payload)
+        except (NatsError, OSError) as exc:
+            log.debug("NATS publish to %s failed: %s", subject, exc)
+
+    async def _on_error(self, exc: Exception) -> None:
+        log.debug("NATS connection error: %s", exc)
+
+    async def _on_disconnected(self) -> None:
+        self.reconnected.clear()
+        log.info("NATS connection lost; nats-py reconnects")
+
+    async def _on_reconnected(self) -> None:
+        self.reconnected.set()
+        log.info("NATS reconnected to %s", self.nc.connected_url.netloc if self.nc.connected_url else "?")
+        for target in list(self.routes.values()):
+            target.on_reconnected()
+
+    async def _on_closed(self) -> None:
+        err = TransportError("the NATS connection closed (nats-py gave up reconnecting, or it was closed)")
+        self.reconnected.set()  # wake senders waiting for a reconnection: they fail now
+        for target in list(self.routes.values()):
+            target.on_bus_closed(err)
+        self.routes.clear()
+
+
+_background: set[asyncio.Future[None]] = set()
+_buses: dict[tuple[Any, ...], Bus] = {}
+_locks: dict[tuple[Any, ...], asyncio.Lock] = {}
+
+
+def _bus_key(target: NatsTarget, options: dict[str, Any]) -> tuple[Any, ...]:
+    kwargs = nats_connect_kwargs(options)
+    return (
+        id(asyncio.get_running_loop()),
+        target.servers,
+        tuple(sorted((k, repr(v)) for k, v in kwargs.items())),
+    )
+
+
+async def acquire_bus(target: NatsTarget, options: dict[str, Any]) -> Bus:
+    """The process's connection for these servers and options (opened on first use)."""
+    key = _bus_key(target, options)
+    lock = _locks.setdefault(key, asyncio.Lock())
+    async with lock:
+        bus = _buses.get(key)
+        if bus is None or bus.nc.is_closed:
+            bus = Bus(key)
+            await bus.start(target, options)
+            _buses[key] = bus
+        bus.users += 1
+        return bus
+
+
+async def release_bus(bus: Bus) -> None:
+    """One user less; the last one closes the connection."""
+    bus.users -= 1
+    if bus.users > 0:
+        return
+    if _buses.get(bus.key) is bus:
+        del _buses[bus.key]
+        _locks.pop(bus.key, None)
+    try:
+        if bus.nc.is_connected:
+            await bus.nc.flush(timeout=2)  # what the last sessions wrote (CLOSE) reaches the server
+    except (TimeoutError, NatsError, OSError) as exc:
+        log.debug("flushing the NATS connection before closing it: %s", exc)
+    await bus.nc.close()

@@ -1,0 +1,472 @@
+"""One session's channel over NATS: two subjects, chunking, credit, in-order exactly-once delivery.
+
+The channel implements the push interface the session uses (``start_push``, ``pause_reading``,
+``resume_reading``): the bus hands each NATS message to :meth:`NatsChannel.on_nats` from its one
+subscription callback, and whole messages go straight to the session. While the session pauses
+reading, in-order NATS messages are held here and no credit is granted for them, so the peer's
+sender stops within one window: memory per channel is bounded by the window plus one message
+being reassembled (itself bounded by the session's max_payload, checked before buffering).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+from collections import deque
+from collections.abc import Callable
+
+from nats.errors import ConnectionClosedError, OutboundBufferLimitError
+from nats.errors import Error as NatsError
+
+from m2mwire.errors import TransportError
+from m2mwire.transport.base import Message, OutgoingMessage
+from m2mwire.transport.nats import frames as f
+from m2mwire.transport.nats.bus import Bus, release_bus
+from m2mwire.transport.nats.flow import Receiver, Sender
+
+__all__ = ["NatsChannel"]
+
+log = logging.getLogger("m2mwire.nats")
+
+OnMessage = Callable[[Message], None]
+OnLost = Callable[[TransportError], None]
+
+_PULL_MAX = 16  # messages buffered for recv() (before start_push) before we stop taking more
+_RESYNC_EVERY = 0.25  # seconds between two resend requests for the same gap
+_MISSED_PROBES = 3  # "no responders" answers in a row that mean the peer is gone
+_CLOSE_COST = 600  # a CLOSE frame's cost against credit (its reason is cut at 512 bytes)
+_HEAD = f.HEADER.size
+_FIRST_HEAD = _HEAD + f.TOTAL.size
+
+
+class NatsChannel:
+    """A :class:`~m2mwire.transport.base.PushChannel` over one NATS connection shared by many."""
+
+    def __init__(
+        self,
+        bus: Bus,
+        in_subject: str,
+        *,
+        max_message_size: int,
+        window: int,
+        remote_address: str,
+        probe_interval: float,
+    ) -> None:
+        self._bus = bus
+        self._nc = bus.nc
+        self._loop = asyncio.get_running_loop()
+        self.in_subject = in_subject
+        self._out = ""  # the peer's subject, known once OPEN/OPEN_OK was exchanged
+        self._max = max_message_size
+        self._remote = remote_address
+        self._receiver = Receiver(window)
+        self._sender = Sender(0)
+        self._chunk = 0
+        self._early: deque[Message] = deque()  # whole messages for recv(), before start_push
+        self._held: deque[bytes] = deque()  # in-order NATS messages not processed yet (paused)
+        self._paused = False
+        self._pull_full = False
+        self._draining = False
+        self._on_message: OnMessage | None = None
+        self._on_lost: OnLost | None = None
+        self.lost: TransportError | None = None
+        self._waiter: asyncio.Future[None] | None = None  # recv() waiting
+        self._credit_waiter: asyncio.Future[None] | None = None  # a send waiting for credit
+        self._send_lock = asyncio.Lock()
+        self._resend = False  # everything unacknowledged must go out again (reconnect, gap)
+        self._resync_at = -math.inf
+        self._parts: list[bytes] | None = None  # a message being reassembled
+        self._parts_size = 0
+        self._parts_total = 0
+        self._parts_text = False
+        self._probe_interval = probe_interval
+        self._probe_handle: asyncio.TimerHandle | None = None
+        self._missed_probes = 0
+        self._heard = self._loop.time()
+        self.owns_bus = False  # a client channel holds its own reference to the shared connection
+        bus.routes[in_subject] = self
+
+    def connect_peer(self, out_subject: str, peer_window: int) -> None:
+        """The peer's subject and initial credit (from OPEN or OPEN_OK)."""
+        self._out = out_subject
+        self._sender.limit = peer_window
+        payload_room = min(self._nc.max_payload, peer_window // 4)
+        self._chunk = max(256, payload_room - _FIRST_HEAD - f.MESSAGE_COST)
+        if self._probe_interval > 0:
+            self._probe_handle = self._loop.call_later(self._probe_interval, self._probe)
+
+    # -- Channel ----------------------------------------------------------------------------------
+
+    @property
+    def max_message_size(self) -> int:
+        return self._max
+
+    def set_max_message_size(self, size: int) -> None:
+        self._max = size
+
+    @property
+    def remote_address(self) -> str:
+        return self._remote
+
+    async def send(self, message: OutgoingMessage) -> None:
+        if self.lost is not None:
+            raise self.lost
+        if isinstance(message, str):
+            body: bytes | bytearray | memoryview = message.encode()
+            whole, first = f.TEXT, f.TEXT_FIRST
+        else:
+            if isinstance(message, bytes | bytearray | memoryview):
+                body = message
+            else:
+                body = message[0] if len(message) == 1 else b"".join(message)
+            whole, first = f.BINARY, f.BINARY_FIRST
+        view = memoryview(body).cast("B")
+        total = view.nbytes
+        chunk = self._chunk
+        async with self._send_lock:
+            if total <= chunk:
+                await self._send_sequenced(whole, view)
+                return
+            # Each chunk waits for its own credit: a message larger than the window still
+            # flows, at the pace the receiver grants.
+            await self._send_sequenced(first, view[:chunk], f.TOTAL.pack(total))
+            for start in range(chunk, total, chunk):
+                await self._send_sequenced(f.CONT, view[start : start + chunk])
+
+    async def recv(self) -> Message:
+        while not self._early:
+            if self.lost is not None:
+                raise self.lost
+            self._waiter = self._loop.create_future()
+            await self._waiter
+        message = self._early.popleft()
+        if self._pull_full and len(self._early) <= _PULL_MAX // 2:
+            self._pull_full = False
+            self._drain_held()
+        return message
+
+    async def close(self, code: int = 1000, reason: str = "") -> None:
+        if self.lost is not None:
+            self._unroute()
+            return
+        try:
+            if self._out:
+                async with self._send_lock:
+                    seq = await self._wait_credit(_CLOSE_COST)
+                    payload = f.pack_close(f.CLOSE, seq, code, reason)
+                    self._sender.retain(seq, payload)
+                    await self._publish(payload)
+        finally:
+            self._fail(
+                TransportError(
+                    f"NATS channel closed ({code} {reason})".strip(), code=code, reason=reason, clean=True
+                )
+            )
+
+    def abort(self) -> None:
+        if self.lost is not None:
+            return
+        if self._out:
+            self._bus.publish_soon(self._out, f.pack_close(f.ABORT, 0, 1006, "aborted"))
+        self._fail(TransportError("NATS channel aborted", code=1006, reason="aborted", clean=False))
+
+    # -- PushChannel ------------------------------------------------------------------------------
+
+    def start_push(self, on_message: OnMessage, on_lost: OnLost) -> None:
+        while self._early:
+            on_message(self._early.popleft())
+        self._on_message = on_message
+        self._pull_full = False
+        if self.lost is not None:
+            on_lost(self.lost)
+            return
+        self._on_lost = on_lost
+        self._drain_held()
+
+    def pause_reading(self) -> None:
+        self._paused = True
+
+    def resume_reading(self) -> None:
+        self._paused = False
+        self._drain_held()
+
+    # -- from the bus -----------------------------------------------------------------------------
+
+    def on_nats(self, data: bytes) -> None:
+        if self.lost is not None or not data:
+            return
+        self._heard = self._loop.time()
+        self._missed_probes = 0
+        kind = data[0]
+        try:
+            if kind == f.CREDIT:
+                ack, limit, flags = f.unpack_credit(data)
+                grew = self._sender.on_credit(ack, limit)
+                if flags & f.RESYNC:
+                    self._request_resend()
+                if grew:
+                    self._wake_sender()
+                return
+            if kind == f.PROBE:
+                return
+            if kind == f.ABORT:
+                code, reason = f.unpack_close(data)
+                self._fail(
+                    TransportError(
+                        f"the peer dropped the NATS channel ({code} {reason})",
+                        code=code,
+                        reason=reason,
+                        clean=False,
+                    )
+                )
+                return
+            if kind not in f.SEQUENCED:
+                raise ValueError(f"unknown frame kind {kind}")
+            verdict = self._receiver.check(f.HEADER.unpack_from(data)[1])
+        except (ValueError, IndexError, UnicodeDecodeError) as exc:  # struct.error is a ValueError
+            self._protocol_error(f"malformed NATS frame from the peer: {exc}")
+            return
+        if verdict:
+            if verdict > 0:  # something before it was lost: ask for everything after our last
+                self._ask_resend()
+            return
+        if self._paused or self._pull_full or self._held:
+            self._held.append(data)
+        else:
+            self._process(data)
+
+    def on_no_responders(self) -> None:
+        self._missed_probes += 1
+        if self._missed_probes >= _MISSED_PROBES:
+            self._fail(
+                TransportError(
+                    f"the peer of this NATS session is gone: nothing has listened on its subject for "
+                    f"{_MISSED_PROBES} liveness probes {self._probe_interval:g} s apart (its process "
+                    "ended or lost its NATS connection)",
+                    code=1006,
+                    reason="peer gone",
+                )
+            )
+
+    def on_reconnected(self) -> None:
+        # Messages in flight through a NATS node that died are lost: ask the peer for everything
+        # after the last one we took, and send again everything it has not acknowledged.
+        self._resync_at = -math.inf
+        self._ask_resend()
+        self._request_resend()
+
+    def on_bus_closed(self, error: TransportError) -> None:
+        self._fail(error)
+
+    # -- receiving --------------------------------------------------------------------------------
+
+    def _drain_held(self) -> None:
+        if self._draining:
+            return  # resume_reading() from inside a delivery: the outer loop goes on
+        self._draining = True
+        try:
+            held = self._held
+            while held and not self._paused and not self._pull_full and self.lost is None:
+                self._process(held.popleft())
+        finally:
+            self._draining = False
+
+    def _process(self, data: bytes) -> None:
+        kind = data[0]
+        try:
+            if kind == f.TEXT or kind == f.BINARY:
+                self._deliver(data[_HEAD:], kind == f.TEXT)
+            elif kind == f.TEXT_FIRST or kind == f.BINARY_FIRST:
+                total = f.TOTAL.unpack_from(data, _HEAD)[0]
+                if self._parts is not None:
+                    raise ValueError("a new message started before the previous one ended")
+                if self._max and total > self._max:
+                    # Checked before buffering anything: the peer cannot make us hold more than
+                    # the limit it was told.
+                    self._protocol_error(
+                        f"incoming message of {total} bytes is over the limit of {self._max} bytes "
+                        "(max_payload)",
+                        code=1009,
+                    )
+                    return
+                self._parts, self._parts_total = [data[_FIRST_HEAD:]], total
+                self._parts_size, self._parts_text = len(data) - _FIRST_HEAD, kind == f.TEXT_FIRST
+                self._check_parts()
+            elif kind == f.CONT:
+                if self._parts is None:
+                    raise ValueError("a continuation without a first chunk")
+                self._parts.append(data[_HEAD:])
+                self._parts_size += len(data) - _HEAD
+                self._check_parts()
+            else:  # CLOSE: the peer's last word, after everything it sent before
+                code, reason = f.unpack_close(data)
+                detail = f"{code} {reason}".strip()
+                self._fail(
+                    TransportError(
+                        f"NATS channel closed by the peer ({detail})",
+                        code=code,
+                        reason=reason,
+                        clean=code in (1000, 1001),
+                    )
+                )
+                return
+        except (ValueError, IndexError) as exc:
+            self._protocol_error(f"malformed NATS frame from the peer: {exc}")
+            return
+        except UnicodeDecodeError as exc:
+            self._protocol_error(f"invalid UTF-8 in a text message at position {exc.start}", code=1007)
+            return
+        limit = self._receiver.consume(len(data) + f.MESSAGE_COST)
+        if limit is not None and self._out and self.lost is None:
+            self._bus.publish_soon(self._out, f.pack_credit(self._receiver.last_in_order, limit))
+
+    def _check_parts(self) -> None:
+        if self._parts_size < self._parts_total:
+            return
+        if self._parts_size > self._parts_total:
+            raise ValueError("chunks add up to more than the announced size")
+        parts, self._parts = self._parts, None
+        assert parts is not None
+        self._deliver(b"".join(parts), self._parts_text)
+
+    def _deliver(self, body: bytes, text: bool) -> None:
+        message: Message = body.decode() if text else body
+        if self._on_message is not None:
+            self._on_message(message)
+            return
+        self._early.append(message)
+        if len(self._early) >= _PULL_MAX:
+            self._pull_full = True
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _ask_resend(self) -> None:
+        now = self._loop.time()
+        if not self._out or now - self._resync_at < _RESYNC_EVERY:
+            return
+        self._resync_at = now
+        receiver = self._receiver
+        self._bus.publish_soon(self._out, f.pack_credit(receiver.last_in_order, receiver.granted, f.RESYNC))
+
+    def _protocol_error(self, text: str, code: int = 1002) -> None:
+        log.warning("NATS session channel from %s: %s", self._remote, text)
+        if self._out:
+            self._bus.publish_soon(self._out, f.pack_close(f.ABORT, 0, code, text[:120]))
+        self._fail(TransportError(text, code=code, reason=text[:120]))
+
+    # -- sending ----------------------------------------------------------------------------------
+
+    async def _send_sequenced(self, kind: int, body: memoryview, prefix: bytes = b"") -> None:
+        size = _HEAD + len(prefix) + body.nbytes
+        seq = await self._wait_credit(size + f.MESSAGE_COST)
+        payload = b"".join((f.HEADER.pack(kind, seq), prefix, body))
+        self._sender.retain(seq, payload)
+        await self._publish(payload)
+
+    async def _wait_credit(self, cost: int) -> int:
+        """Wait until the peer's credit covers ``cost``; returns the message's sequence number.
+        Called under the send lock; a pending resend goes out first, so order is kept."""
+        sender = self._sender
+        while True:
+            if self.lost is not None:
+                raise self.lost
+            if self._resend:
+                await self._resend_unacked()
+                continue
+            if sender.has_credit(cost):
+                return sender.take(cost)
+            self._credit_waiter = self._loop.create_future()
+            await self._credit_waiter
+
+    async def _publish(self, payload: bytes) -> None:
+        try:
+            await self._nc.publish(self._out, payload)
+        except OutboundBufferLimitError:
+            # Reconnecting and nats-py's buffer is full: the message is retained, and goes out
+            # again with everything unacknowledged once the connection is back.
+            self._resend = True
+            await self._bus.reconnected.wait()
+        except (ConnectionClosedError, NatsError) as exc:
+            err = TransportError(f"NATS connection unusable: {exc or type(exc).__name__}")
+            self._fail(err)
+            raise err from exc
+
+    def _request_resend(self) -> None:
+        self._resend = True
+        if self._send_lock.locked():
+            self._wake_sender()  # the sender resends before its next message
+            return
+        task = self._loop.create_task(self._resend_task())
+        _tasks.add(task)
+        task.add_done_callback(_tasks.discard)
+
+    async def _resend_task(self) -> None:
+        async with self._send_lock:
+            if self._resend and self.lost is None:
+                # A failure here failed the channel; its session learns it through on_lost.
+                with contextlib.suppress(TransportError):
+                    await self._resend_unacked()
+
+    async def _resend_unacked(self) -> None:
+        self._resend = False
+        for _, payload in list(self._sender.unacked):
+            await self._publish(payload)
+            if self.lost is not None:
+                return
+
+    def _wake_sender(self) -> None:
+        waiter = self._credit_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    # -- liveness and the end ---------------------------------------------------------------------
+
+    def _probe(self) -> None:
+        """Ask NATS whether anyone still listens on the peer's subject: nats-server answers a
+        message whose reply subject is ours with a 503 status when nothing does."""
+        self._probe_handle = None
+        if self.lost is not None:
+            return
+        now = self._loop.time()
+        if now - self._heard >= self._probe_interval * 0.9:
+            task = self._loop.create_task(self._send_probe())
+            _tasks.add(task)
+            task.add_done_callback(_tasks.discard)
+        self._probe_handle = self._loop.call_later(self._probe_interval, self._probe)
+
+    async def _send_probe(self) -> None:
+        try:
+            await self._nc.publish(self._out, f.HEADER.pack(f.PROBE, 0), reply=self.in_subject)
+        except (NatsError, OSError) as exc:
+            log.debug("NATS liveness probe not sent: %s", exc)
+
+    def _fail(self, error: TransportError) -> None:
+        if self.lost is not None:
+            return
+        self.lost = error
+        self._unroute()
+        if self.owns_bus:
+            self.owns_bus = False
+            task = self._loop.create_task(release_bus(self._bus))
+            _tasks.add(task)
+            task.add_done_callback(_tasks.discard)
+        self._held.clear()
+        self._parts = None
+        self._wake_sender()
+        if self._on_lost is not None:
+            on_lost, self._on_lost = self._on_lost, None
+            on_lost(error)
+        elif self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
+
+    def _unroute(self) -> None:
+        if self._probe_handle is not None:
+            self._probe_handle.cancel()
+            self._probe_handle = None
+        if self._bus.routes.get(self.in_subject) is self:
+            del self._bus.routes[self.in_subject]
+
+
+_tasks: set[asyncio.Task[None]] = set()

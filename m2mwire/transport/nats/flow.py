@@ -1,0 +1,89 @@
+"""Credit-based flow control and in-order, exactly-once delivery for one NATS channel (sans-I/O).
+
+Core NATS delivers at most once and drops messages for a slow consumer, so each direction of a
+channel runs a small window protocol on top of it, as HTTP/2 and QUIC do per stream:
+
+- The receiver announces a credit limit: the total cost (payload + MESSAGE_COST per NATS message)
+  the sender may have sent. It moves the limit forward as the application consumes, never beyond
+  ``consumed + window``, so what a peer makes us buffer is bounded by the window.
+- Sequenced messages are numbered; the receiver takes only the next expected one. A duplicate is
+  dropped; a gap (a message lost, e.g. on a NATS node that died) makes it ask for a resend of
+  everything after the last one it took.
+- The sender keeps every message until the receiver's CREDIT acknowledges it (the ``ack`` in the
+  CREDIT message), so a resend is always possible; that retention is bounded by the window too.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+__all__ = ["Receiver", "Sender"]
+
+
+class Sender:
+    """One direction's sending side: credit, sequence numbers, retention until acknowledged."""
+
+    def __init__(self, initial_limit: int) -> None:
+        self.limit = initial_limit  # total cost we may have sent
+        self.sent = 0  # total cost sent so far
+        self.next_seq = 1
+        self.unacked: deque[tuple[int, bytes]] = deque()  # (seq, payload) kept for a resend
+        self.retained_bytes = 0
+
+    def has_credit(self, cost: int) -> bool:
+        return self.sent + cost <= self.limit
+
+    def take(self, cost: int) -> int:
+        """Account for one sequenced message of ``cost``; returns its sequence number."""
+        self.sent += cost
+        seq = self.next_seq
+        self.next_seq += 1
+        return seq
+
+    def retain(self, seq: int, payload: bytes) -> None:
+        self.unacked.append((seq, payload))
+        self.retained_bytes += len(payload)
+
+    def on_credit(self, ack: int, limit: int) -> bool:
+        """Apply a CREDIT; True when the limit grew (a waiting sender may go on)."""
+        unacked = self.unacked
+        while unacked and unacked[0][0] <= ack:
+            self.retained_bytes -= len(unacked.popleft()[1])
+        if limit > self.limit:
+            self.limit = limit
+            return True
+        return False
+
+
+class Receiver:
+    """One direction's receiving side: the next expected sequence number and the credit limit."""
+
+    def __init__(self, window: int) -> None:
+        self.window = window
+        self.expected = 1
+        self.consumed = 0
+        self.granted = window  # the limit last announced (the initial one is in OPEN/OPEN_OK)
+
+    def check(self, seq: int) -> int:
+        """0: take it; -1: a duplicate (drop); 1: a gap before it (drop, ask for a resend)."""
+        if seq == self.expected:
+            self.expected += 1
+            return 0
+        return -1 if seq < self.expected else 1
+
+    @property
+    def last_in_order(self) -> int:
+        return self.expected - 1
+
+    def consume(self, cost: int) -> int | None:
+        """The application took ``cost``; returns a new limit to announce when worth a message.
+
+        A quarter of the window is the threshold: the sender never stalls for a full round trip
+        while the receiver keeps up, and small messages do not each cost a CREDIT message.
+        """
+        self.consumed += cost
+        limit = self.consumed + self.window
+        if limit - self.granted >= self.window // 4:
+            self.granted = limit
+            return limit
+        return None

@@ -1,0 +1,69 @@
+"""The NATS transport's own header: one per NATS message (see docs/PROTOCOL.md, "NATS mapping").
+
+Every NATS message of a session starts with ``kind`` (1 byte) and ``seq`` (8 bytes, big-endian):
+
+- sequenced kinds (``seq`` counts them from 1 per direction, so loss and duplicates are seen):
+  ``TEXT``/``BINARY`` a whole message; ``TEXT_FIRST``/``BINARY_FIRST`` the first chunk of a message
+  larger than a NATS message, followed by its total size (8 bytes); ``CONT`` a further chunk;
+  ``CLOSE`` the channel's end, followed by a close code (2 bytes) and a UTF-8 reason.
+- unsequenced kinds (``seq`` is 0 unless said): ``CREDIT`` (``seq`` = the last sequenced message
+  received in order, then the credit limit, 8 bytes, and a flags byte, ``RESYNC`` asking the peer
+  to send again everything after ``seq``); ``PROBE`` (a liveness check, ignored by the receiver);
+  ``ABORT`` (the peer dropped the channel, followed like CLOSE by code and reason).
+"""
+
+from __future__ import annotations
+
+import struct
+
+__all__ = [
+    "ABORT",
+    "BINARY",
+    "BINARY_FIRST",
+    "CLOSE",
+    "CONT",
+    "CREDIT",
+    "HEADER",
+    "MESSAGE_COST",
+    "PROBE",
+    "RESYNC",
+    "SEQUENCED",
+    "TEXT",
+    "TEXT_FIRST",
+    "pack_close",
+    "pack_credit",
+    "unpack_close",
+    "unpack_credit",
+]
+
+TEXT, BINARY, TEXT_FIRST, BINARY_FIRST, CONT, CLOSE = 1, 2, 3, 4, 5, 6
+CREDIT, PROBE, ABORT = 16, 17, 18
+SEQUENCED = frozenset((TEXT, BINARY, TEXT_FIRST, BINARY_FIRST, CONT, CLOSE))
+RESYNC = 1  # CREDIT flag
+
+HEADER = struct.Struct("!BQ")
+TOTAL = struct.Struct("!Q")
+_CREDIT = struct.Struct("!BQQB")
+_CLOSE = struct.Struct("!BQH")
+# What a NATS message costs against the credit window besides its payload: a flood of tiny
+# messages is bounded too (nats-server's own protocol line is about this long).
+MESSAGE_COST = 64
+
+
+def pack_credit(ack: int, limit: int, flags: int = 0) -> bytes:
+    return _CREDIT.pack(CREDIT, ack, limit, flags)
+
+
+def unpack_credit(data: bytes) -> tuple[int, int, int]:
+    """(ack, limit, flags) of a CREDIT message; struct.error when it is too short."""
+    _, ack, limit, flags = _CREDIT.unpack_from(data)
+    return ack, limit, flags
+
+
+def pack_close(kind: int, seq: int, code: int, reason: str) -> bytes:
+    return _CLOSE.pack(kind, seq, code) + reason.encode()[:512]
+
+
+def unpack_close(data: bytes) -> tuple[int, str]:
+    _, _, code = _CLOSE.unpack_from(data)
+    return code, data[_CLOSE.size :].decode(errors="replace")
