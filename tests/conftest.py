@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from m2mwire.transport.nats.local import LocalNatsServer
 
 # Copied from the steering repository's shared/reference (see tests/data/README.md): tests never read
 # ../shared, which CI machines and fresh clones may not have.
@@ -18,3 +21,11 @@ REFERENCE_VECTORS = DATA_DIR / "m2m-reference-vectors.json"
 def m2m_vectors() -> dict[str, Any]:
     data: dict[str, Any] = json.loads(REFERENCE_VECTORS.read_text())
     return data
+
+
+@pytest.fixture(scope="session")
+def nats_server() -> Iterator[LocalNatsServer]:
+    """One real nats-server for the session (loopback, kernel-chosen port, temporary directory);
+    tests use distinct service subjects, so they never see each other's workers."""
+    with LocalNatsServer(max_payload=1024 * 1024) as server:
+        yield server

@@ -1,9 +1,11 @@
-"""Sessions end to end over real transports: WebSocket (websockets) and QUIC (aioquic), on 127.0.0.1."""
+"""Sessions end to end over real transports: WebSocket (websockets), QUIC (aioquic) and NATS (a real
+nats-server), on 127.0.0.1."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -23,12 +25,23 @@ IDENT = ModelIdentity(
     model_family="llama", model_id="tiny", model_hash="ab" * 32, hidden_dim=16, num_layers=2
 )
 
-TRANSPORTS = ["ws", "quic"]
+TRANSPORTS = ["ws", "quic", "nats"]
+_NATS_BASE = ""  # the test nats-server's URL, set by the scheme fixture
 
 
 @pytest.fixture(params=TRANSPORTS)
 def scheme(request: pytest.FixtureRequest) -> str:
+    global _NATS_BASE
+    if request.param == "nats":
+        _NATS_BASE = request.getfixturevalue("nats_server").url
     return str(request.param)
+
+
+def listen_url(scheme: str) -> str:
+    """Where a test server listens: a free port, or over NATS a service subject of its own."""
+    if scheme == "nats":
+        return f"{_NATS_BASE}/test.{uuid.uuid4().hex}"
+    return f"{scheme}://127.0.0.1:0"
 
 
 def client_opts(server: Server) -> dict[str, Any]:
@@ -50,7 +63,7 @@ async def echo(session: Session) -> None:
 async def running(
     handler: Callable[[Session], Awaitable[None]], scheme: str, **options: Any
 ) -> AsyncIterator[Server]:
-    async with serve(handler, f"{scheme}://127.0.0.1:0", **options) as server:
+    async with serve(handler, listen_url(scheme), **options) as server:
         yield server
 
 
@@ -322,6 +335,10 @@ async def _raw_channel(server: Server, scheme: str) -> Any:
         from m2mwire.transport.websocket import connect_websocket
 
         return await connect_websocket(server.url, max_message_size=1 << 20)
+    if scheme == "nats":
+        from m2mwire.transport.nats.service import open_nats_channel
+
+        return await open_nats_channel(server.url, max_message_size=1 << 20, options={})
     from m2mwire.transport.quic import open_quic_channel
 
     return await open_quic_channel("127.0.0.1", server.port, fingerprint=server.fingerprint)
@@ -387,7 +404,7 @@ async def test_server_shutdown_closes_sessions_in_order(scheme: str) -> None:
         async for _ in session:
             pass
 
-    server = await serve(handler, f"{scheme}://127.0.0.1:0")
+    server = await serve(handler, listen_url(scheme))
     session = await connect(server.url, **client_opts(server))
     await asyncio.wait_for(started.wait(), 10)
     await asyncio.wait_for(server.aclose(), 15)

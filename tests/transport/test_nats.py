@@ -1,0 +1,222 @@
+"""The NATS transport with a real nats-server (and a real 3-node cluster) on loopback."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import string
+import sys
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+
+import m2mwire
+from m2mwire.api import Session
+from m2mwire.errors import SessionClosed, TransportError
+from m2mwire.transport.nats.channel import NatsChannel
+from m2mwire.transport.nats.local import LocalNatsServer, start_cluster
+from m2mwire.transport.nats.service import open_nats_channel, serve_nats
+
+WORKER = Path(__file__).with_name("nats_worker.py")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def service(server: LocalNatsServer) -> str:
+    return f"{server.url}/test.{uuid.uuid4().hex}"
+
+
+async def echo(session: Session) -> None:
+    async for message in session:
+        await session.send(message.text or "", algorithm="none")
+
+
+@asynccontextmanager
+async def worker_process(url: str) -> AsyncIterator[asyncio.subprocess.Process]:
+    """A worker in a process of its own (tests/transport/nats_worker.py), killed at the end."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, str(WORKER), url, stdout=asyncio.subprocess.PIPE, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        line = await asyncio.wait_for(proc.stdout.readline(), 30)
+        assert line.strip() == b"ready", line
+        yield proc
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+        await asyncio.wait_for(proc.wait(), 10)
+
+
+async def test_a_message_three_times_max_payload_is_chunked(nats_server: LocalNatsServer) -> None:
+    text = "".join(random.Random(7).choices(string.ascii_letters, k=3 * 1024 * 1024))
+    async with m2mwire.serve(echo, service(nats_server)) as server:
+        async with m2mwire.connect(server.url) as session:
+            channel = session._channel
+            assert isinstance(channel, NatsChannel)
+            nc = channel._nc
+            assert nc.max_payload == 1024 * 1024  # the server's limit, announced in its INFO
+            before = nc.stats["out_msgs"]
+            await session.send(text, algorithm="none")
+            assert nc.stats["out_msgs"] - before >= 4  # 3 MiB cannot go in fewer 1 MiB messages
+            reply = await asyncio.wait_for(session.recv(), 30)
+            assert reply.text == text
+
+
+async def test_oversized_message_refused_before_buffering(nats_server: LocalNatsServer) -> None:
+    """The receiver reads the announced total in the first chunk and fails the channel at once,
+    without holding any of it, when it is over the limit."""
+    seen: list[NatsChannel] = []
+    done = asyncio.Event()
+
+    async def handler(channel: NatsChannel) -> None:
+        seen.append(channel)
+        with pytest.raises(TransportError, match="over the limit of 2097152 bytes"):
+            await asyncio.wait_for(channel.recv(), 20)
+        assert channel._parts is None and not channel._held
+        done.set()
+
+    listener = await serve_nats(handler, service(nats_server), max_message_size=2 * 1024 * 1024, options={})
+    try:
+        client = await open_nats_channel(listener.url, max_message_size=1 << 30, options={})
+        await client.send(b"\0" * (3 * 1024 * 1024))
+        await asyncio.wait_for(done.wait(), 20)
+        with pytest.raises(TransportError, match="peer dropped"):
+            await asyncio.wait_for(client.recv(), 10)
+    finally:
+        listener.close()
+        await listener.wait_closed()
+
+
+async def test_a_slow_consumer_loses_nothing_and_the_sender_waits(nats_server: LocalNatsServer) -> None:
+    """Core NATS drops messages for a slow consumer; the credit window makes the sender wait
+    instead: 40 MB to a reader that sleeps first, then reads slowly, arrive complete and in order."""
+    n, size = 600, 64 * 1024
+    received: list[int] = []
+    start_reading = asyncio.Event()
+    finished = asyncio.Event()
+
+    async def slow(session: Session) -> None:
+        await start_reading.wait()
+        async for message in session:
+            text = message.text or ""
+            assert len(text) == size
+            received.append(int(text[:8]))
+            if len(received) % 50 == 0:
+                await asyncio.sleep(0.01)
+            if len(received) == n:
+                finished.set()
+
+    async with m2mwire.serve(slow, service(nats_server), max_queue=4) as server:
+        async with m2mwire.connect(server.url, nats_window=2 * 1024 * 1024) as session:
+            sent = 0
+
+            async def blast() -> None:
+                nonlocal sent
+                for i in range(n):
+                    await session.send(f"{i:08d}".ljust(size, "x"), algorithm="none")
+                    sent += 1
+
+            task = asyncio.create_task(blast())
+            await asyncio.sleep(1.0)
+            # window (8 MiB: at least 4 NATS max_payloads) + inbox + one in reassembly, not 40 MB
+            assert not task.done() and sent < 200, f"{sent} messages sent to a peer that reads nothing"
+            start_reading.set()
+            await asyncio.wait_for(task, 60)
+            await asyncio.wait_for(finished.wait(), 60)
+    assert received == list(range(n))
+
+
+async def test_two_worker_processes_share_sessions_and_keep_them(nats_server: LocalNatsServer) -> None:
+    url = service(nats_server)
+    async with worker_process(url) as w1, worker_process(url) as w2:
+        pids = {w1.pid, w2.pid}
+
+        async def one(k: int) -> int:
+            async with m2mwire.connect(url) as session:
+                worker = session.info.peer_agent_id
+                assert worker.startswith("worker-")
+                pid = int(worker.removeprefix("worker-"))
+                for i in range(5):
+                    await session.send(f"{k}.{i}")
+                    reply = (await asyncio.wait_for(session.recv(), 10)).text or ""
+                    assert reply == f"{pid}:{k}.{i}"  # every message of a session, same worker
+                return pid
+
+        served = await asyncio.wait_for(asyncio.gather(*(one(k) for k in range(20))), 60)
+    assert set(served) == pids  # the queue group spread the sessions over both workers
+    assert all(served.count(pid) >= 2 for pid in pids)
+
+
+async def test_a_killed_worker_ends_the_client_session_clearly(nats_server: LocalNatsServer) -> None:
+    url = service(nats_server)
+    async with worker_process(url) as worker:
+        session = await m2mwire.connect(url, probe_interval=0.3)
+        await session.send("before")
+        assert (await asyncio.wait_for(session.recv(), 10)).text == f"{worker.pid}:before"
+        worker.kill()
+        await worker.wait()
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(TransportError, match="peer of this NATS session is gone"):
+            await asyncio.wait_for(session.recv(), 10)
+        # three probes 0.3 s apart (the PINGs, at 60 s by default, would take minutes)
+        assert asyncio.get_running_loop().time() - started < 3.0
+        event = session.close_event
+        assert event is not None and event.code == "TRANSPORT_CLOSED"
+        await session.close()
+
+
+async def test_no_worker_fails_at_once(nats_server: LocalNatsServer) -> None:
+    with pytest.raises(TransportError, match="no worker serves"):
+        await asyncio.wait_for(m2mwire.connect(service(nats_server)), 5)
+
+
+@pytest.mark.parametrize("victim", ["client", "worker"])
+async def test_cluster_node_loss_keeps_the_session(victim: str) -> None:
+    """Client on node 0, worker on node 1 (3-node cluster); kill the node one of them is on while
+    messages flow both ways: nats-py reconnects to another node, the channel resends what the
+    dead node lost, and every message arrives once, in order."""
+    nodes = await asyncio.to_thread(start_cluster, 3)
+    try:
+        a, b, c = nodes
+        subject = f"test.{uuid.uuid4().hex}"
+        fast = {"reconnect_time_wait": 0.1, "nats_options": {"dont_randomize": True}}
+
+        def url(*hosts: LocalNatsServer) -> str:
+            return "nats://" + ",".join(h.url.removeprefix("nats://") for h in hosts) + "/" + subject
+
+        got: list[str] = []
+        async with m2mwire.serve(echo, url(b, c), **fast) as server:
+            await asyncio.sleep(0.3)  # the worker's interest reaches every node
+            async with m2mwire.connect(url(a, c), **fast) as session:
+                for i in range(20):
+                    await session.send(f"m{i}")
+                    got.append((await asyncio.wait_for(session.recv(), 10)).text or "")
+                pending = [asyncio.create_task(session.send(f"m{i}")) for i in range(20, 40)]
+                (a if victim == "client" else b).kill()
+                await asyncio.wait_for(asyncio.gather(*pending), 20)
+                for i in range(40, 80):
+                    await asyncio.wait_for(session.send(f"m{i}"), 20)
+                while len(got) < 80:
+                    got.append((await asyncio.wait_for(session.recv(), 20)).text or "")
+                assert session.state is m2mwire.api.State.ESTABLISHED
+                channel = session._channel
+                assert isinstance(channel, NatsChannel)
+                bus = channel._bus if victim == "client" else server._impl._bus
+                assert bus.nc.stats["reconnects"] == 1  # the victim's connection moved to another node
+        assert got == [f"m{i}" for i in range(80)]
+    finally:
+        for node in nodes:
+            node.stop()
+
+
+async def test_session_closed_cleanly_over_nats(nats_server: LocalNatsServer) -> None:
+    async with m2mwire.serve(echo, service(nats_server)) as server:
+        session = await m2mwire.connect(server.url)
+        await session.close()
+        with pytest.raises(SessionClosed):
+            await session.send("after close")
