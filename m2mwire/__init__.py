@@ -37,6 +37,7 @@ _LAZY = {
     "Session": "m2mwire.api",
     "Server": "m2mwire.api",
     "open_quic_connection": "m2mwire.api",
+    "gateway": "m2mwire.gateway",
     "Message": "m2mwire.session.core",
     "Hello": "m2mwire.admission",
     "SessionInfo": "m2mwire.session.core",
@@ -81,6 +82,7 @@ if TYPE_CHECKING:
     from m2mwire.codecs import decompress as decompress
     from m2mwire.codecs import decompress_binary as decompress_binary
     from m2mwire.codecs.zstdcontext import ZstdDictionary as ZstdDictionary
+    from m2mwire.gateway import gateway as gateway
     from m2mwire.schemas.identity import ModelIdentity as ModelIdentity
     from m2mwire.session.config import Timers as Timers
     from m2mwire.session.config import ZstdOptions as ZstdOptions
