@@ -184,7 +184,7 @@ async def _pipe(src: Channel, dst: Channel) -> None:
                 ended.append(exc)
         while queue:
             message = queue.popleft()
-            if paused and len(queue) <= _RELAY_QUEUE // 2:
+            if paused and len(queue) <= _RELAY_QUEUE // 2 and isinstance(src, PushChannel):
                 paused = False
                 src.resume_reading()
             try:
@@ -193,12 +193,12 @@ async def _pipe(src: Channel, dst: Channel) -> None:
                 src.abort()
                 return
         if ended:
-            exc = ended[0]
+            end = ended[0]
             # An orderly close stays orderly for the far peer, a lost connection is lost there too.
-            if exc.clean:
+            if end.clean:
                 with contextlib.suppress(TransportError, TimeoutError):
                     async with asyncio.timeout(5):
-                        await dst.close(exc.code or 1000, exc.reason or "")
+                        await dst.close(end.code or 1000, end.reason or "")
             else:
                 dst.abort()
             return
