@@ -1191,14 +1191,24 @@ class Server:
             if ep.scheme == "wss" and ssl_ctx is None:
                 ssl_ctx, self.fingerprint = _server_ssl(self._topts)
             # Until a session is established only control messages arrive (see transport_limit).
+            reuse = {"reuse_port": True} if self._topts.get("reuse_port") else {}
             self._impl = await serve_websocket(
-                self._run_session, ep.host, ep.port, max_message_size=CONTROL_MESSAGE_LIMIT, ssl=ssl_ctx
+                self._run_session,
+                ep.host,
+                ep.port,
+                max_message_size=CONTROL_MESSAGE_LIMIT,
+                ssl=ssl_ctx,
+                **reuse,
             )
             self.port = self._impl.sockets[0].getsockname()[1]
         else:
             from m2mwire.transport.quic import serve_quic
 
-            qopts = {k: v for k, v in self._topts.items() if k in ("certfile", "keyfile", "idle_timeout")}
+            qopts = {
+                k: v
+                for k, v in self._topts.items()
+                if k in ("certfile", "keyfile", "idle_timeout", "reuse_port")
+            }
             self._impl = await serve_quic(
                 self._run_session, ep.host, ep.port, max_message_size=CONTROL_MESSAGE_LIMIT, **qopts
             )

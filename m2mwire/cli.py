@@ -114,6 +114,8 @@ def _serve_options(args: argparse.Namespace) -> dict[str, Any]:
     for name in ("certfile", "keyfile", "agent_id", "max_payload"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
+    if getattr(args, "reuse_port", False):  # set by serve --workers for its workers
+        options["reuse_port"] = True
     for name in ("algorithms", "encodings"):
         if getattr(args, name):
             options[name] = [part.strip() for part in getattr(args, name).split(",") if part.strip()]
@@ -142,6 +144,8 @@ def _serve_options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    if args.workers != 1:
+        return _cmd_serve_workers(args)
     from m2mwire.api import serve
     from m2mwire.demo import answer
 
@@ -172,6 +176,96 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     try:
         asyncio.run(run())
     except KeyboardInterrupt:  # the way to stop a server: not a failure
+        print("stopped", file=sys.stderr)
+    return 0
+
+
+def _cmd_serve_workers(args: argparse.Namespace) -> int:
+    """``serve URL --workers N``: N worker processes of this command, one per core.
+
+    ws:// and quic:// workers share the port with SO_REUSEPORT (the kernel spreads connections);
+    nats:// workers join the service's queue group (NATS spreads sessions). With TLS and no
+    --certfile, one self-signed certificate is generated here, so every worker shows the same
+    fingerprint.
+    """
+    import signal
+    import subprocess
+    import time
+    from urllib.parse import urlsplit
+
+    if args.workers < 1:
+        raise UsageError(f"--workers takes a number of processes of at least 1, not {args.workers}")
+    parts = urlsplit(args.url)
+    scheme = parts.scheme.lower()
+    # Each worker runs this very command line, less --workers.
+    own: list[str] = []
+    skip = False
+    for arg in args.argv:
+        if skip:
+            skip = False
+        elif arg == "--workers":
+            skip = True
+        elif not arg.startswith("--workers="):
+            own.append(arg)
+    command = [sys.executable, "-m", "m2mwire", *own]
+    if scheme in ("ws", "wss", "quic"):
+        if not parts.port:
+            raise UsageError(
+                f"--workers {args.workers} needs a fixed port in {args.url} (with port 0 each worker "
+                "would listen on a port of its own)"
+            )
+        command.append("--reuse-port")
+    certfile = None
+    if scheme in ("wss", "quic") and not args.certfile:
+        from m2mwire.transport.tls import generate_self_signed
+
+        cert = generate_self_signed()
+        certfile, keyfile = cert.write_temp_files()
+        print(f"workers share a generated self-signed certificate, SHA-256 fingerprint {cert.fingerprint}")
+    if certfile:
+        command += ["--certfile", certfile, "--keyfile", keyfile]
+    procs = [subprocess.Popen(command) for _ in range(args.workers)]
+    print(f"serving {args.url} with {args.workers} worker processes: {' '.join(str(p.pid) for p in procs)}")
+    sys.stdout.flush()
+    # SIGTERM ends the workers too: exit through the finally below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while all(p.poll() is None for p in procs):
+            time.sleep(0.5)
+        failed = [p for p in procs if p.returncode not in (None, 0)]
+        return 1 if failed else 0
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            try:
+                p.wait(10)
+            except subprocess.TimeoutExpired:
+                p.kill()
+
+
+def _cmd_gateway(args: argparse.Namespace) -> int:
+    from m2mwire.gateway import gateway
+
+    async def run() -> None:
+        options: dict[str, Any] = {}
+        if args.certfile:
+            options.update(certfile=args.certfile, keyfile=args.keyfile)
+        async with gateway(args.listen_url, args.nats_url, **options) as gw:
+            print(
+                f"gateway on {gw.url} -> {args.nats_url}"
+                + (f" (fingerprint {gw.fingerprint})" if gw.fingerprint else ""),
+                flush=True,
+            )
+            await asyncio.Future()
+
+    _setup_logging("info")
+    try:
+        asyncio.run(run())
+    except KeyboardInterrupt:  # the way to stop a gateway: not a failure
         print("stopped", file=sys.stderr)
     return 0
 
@@ -270,7 +364,12 @@ def _parser() -> argparse.ArgumentParser:
         description="Run the demo agent: JSON chat requests get a chat completion, other JSON an "
         "acknowledgement object, text 'ack: N characters received', a hidden state its tanh.",
     )
-    p.add_argument("url", nargs="?", default="ws://127.0.0.1:8765", help="ws://, wss:// or quic://host:port")
+    p.add_argument(
+        "url",
+        nargs="?",
+        default="ws://127.0.0.1:8765",
+        help="ws://, wss://, quic://host:port or nats://host:4222/subject",
+    )
     p.add_argument("--certfile", help="TLS certificate chain (PEM; wss://, quic://); default: generated")
     p.add_argument("--keyfile", help="its private key (PEM), unless --certfile holds both")
     p.add_argument("--identity", metavar="FILE", help="model identity (JSON object); enables latent mode")
@@ -291,6 +390,19 @@ def _parser() -> argparse.ArgumentParser:
         choices=["debug", "info", "warning", "error"],
         help="m2mwire's own log records (other libraries log warnings only)",
     )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes (ws://, quic:// share the port: SO_REUSEPORT; nats:// join the queue group)",
+    )
+    p.add_argument("--reuse-port", action="store_true", help=argparse.SUPPRESS)
+
+    p = sub.add_parser("gateway", help="accept WebSocket/QUIC sessions and carry them to a NATS service")
+    p.add_argument("listen_url", help="ws://, wss:// or quic://host:port to accept clients on")
+    p.add_argument("nats_url", help="nats://host:4222[,host2:4222]/service.subject of the workers")
+    p.add_argument("--certfile", help="TLS certificate chain (PEM; wss://, quic://); default: generated")
+    p.add_argument("--keyfile", help="its private key (PEM), unless --certfile holds both")
 
     p = sub.add_parser("send", help="open a session, send one message, print the reply")
     p.add_argument("url")
@@ -324,6 +436,7 @@ def _parser() -> argparse.ArgumentParser:
 _HANDLERS = {
     "demo": _cmd_demo,
     "serve": _cmd_serve,
+    "gateway": _cmd_gateway,
     "send": _cmd_send,
     "compress": _cmd_compress,
     "decompress": _cmd_decompress,
@@ -333,6 +446,7 @@ _HANDLERS = {
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # serve --workers re-runs it per worker
     try:
         return _HANDLERS[args.command](args)
     except (UsageError, ConfigError) as exc:

@@ -17,9 +17,10 @@ from collections.abc import Generator
 from types import TracebackType
 from typing import Any
 
-from m2mwire.api import _parse_url, _server_ssl
+from m2mwire.api import _server_ssl
 from m2mwire.codecs.limits import MiB
 from m2mwire.errors import TransportError
+from m2mwire.options import parse_url
 from m2mwire.transport.base import Channel, Message, PushChannel
 from m2mwire.transport.nats.options import NATS_OPTIONS
 
@@ -37,10 +38,10 @@ class Gateway:
         unknown = set(options) - _LISTEN_OPTIONS - NATS_OPTIONS
         if unknown:
             raise TypeError(f"unknown gateway option(s): {', '.join(sorted(unknown))}")
-        self._endpoint = _parse_url(listen_url)
+        self._endpoint = parse_url(listen_url)
         if self._endpoint.scheme not in ("ws", "wss", "quic"):
             raise ValueError(f"a gateway listens on ws://, wss:// or quic://, not {listen_url!r}")
-        if _parse_url(nats_url).scheme != "nats":
+        if parse_url(nats_url).scheme != "nats":
             raise ValueError(f"a gateway carries sessions to a nats:// service, not {nats_url!r}")
         self.nats_url = nats_url
         self._options = options

@@ -110,10 +110,10 @@ _TRANSPORT_OPTIONS: dict[Call, dict[Scheme, tuple[str, ...]]] = {
         ),
         "nats": ("open_timeout", *NATS_CLIENT_OPTIONS),
     },
-    "serve": {
-        "ws": (),
-        "wss": ("ssl", "certfile", "keyfile"),
-        "quic": ("certfile", "keyfile", "idle_timeout"),
+    "serve": {  # reuse_port: SO_REUSEPORT, for several worker processes on one port
+        "ws": ("reuse_port",),
+        "wss": ("ssl", "certfile", "keyfile", "reuse_port"),
+        "quic": ("certfile", "keyfile", "idle_timeout", "reuse_port"),
         "nats": NATS_SERVER_OPTIONS,
     },
 }

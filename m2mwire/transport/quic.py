@@ -371,7 +371,13 @@ class _UdpTransport(asyncio.DatagramTransport):
 
 
 async def _udp_endpoint(
-    protocol: asyncio.DatagramProtocol, host: str, port: int, tuning: QuicTuning, *, family: int = 0
+    protocol: asyncio.DatagramProtocol,
+    host: str,
+    port: int,
+    tuning: QuicTuning,
+    *,
+    family: int = 0,
+    reuse_port: bool = False,
 ) -> _UdpTransport:
     loop = asyncio.get_running_loop()
     infos = await loop.getaddrinfo(host, port, family=family, type=socket.SOCK_DGRAM, flags=socket.AI_PASSIVE)
@@ -379,6 +385,8 @@ async def _udp_endpoint(
     sock = socket.socket(family, socket.SOCK_DGRAM)
     try:
         _tune_socket(sock, tuning.socket_buffer)
+        if reuse_port:  # several worker processes on one port: the kernel spreads the clients
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
         sock.setblocking(False)
         sock.bind(addr)
         return _UdpTransport(loop, sock, protocol)
@@ -1554,6 +1562,7 @@ async def serve_quic(
     idle_timeout: float = 60.0,
     close_timeout: float = 10.0,
     tuning: QuicTuning | None = None,
+    reuse_port: bool = False,
 ) -> QuicServer:
     """Listen for m2mwire QUIC connections on UDP ``host:port`` (0 picks a free port).
 
@@ -1598,7 +1607,7 @@ async def serve_quic(
 
     server.max_half_open = tuning.max_half_open
     aioquic_server = _Listener(configuration=config, create_protocol=create_protocol, admit=server._admit)
-    transport = await _udp_endpoint(aioquic_server, host, port, tuning)
+    transport = await _udp_endpoint(aioquic_server, host, port, tuning, reuse_port=reuse_port)
     bound = transport.get_extra_info("sockname")
     server._server = aioquic_server
     server._transport = transport
