@@ -300,3 +300,27 @@ async def run_demo() -> None:
 
 def main() -> None:
     asyncio.run(run_demo())
+
+
+async def run_nats_demo() -> None:
+    """The same session over NATS (a throwaway nats-server on loopback), then through a gateway."""
+    from m2mwire.gateway import gateway
+    from m2mwire.transport.nats.local import LocalNatsServer, find_nats_server
+
+    try:
+        find_nats_server()
+    except FileNotFoundError as exc:
+        print(f"== NATS: skipped ({exc})")
+        return
+    with LocalNatsServer() as nats_server:
+        url = f"{nats_server.url}/m2mwire.demo"
+        async with serve(_server_agent, url, identity=DEMO_IDENTITY, agent_id="demo-worker-1"):
+            print(f"== Live session over NATS ({url}; the worker joined the service's queue group)")
+            await _client_run(url)
+            async with gateway("ws://127.0.0.1:0", url) as gw:
+                print(f"== The same through a gateway: WebSocket {gw.url} -> NATS {url}")
+                async with connect(gw.url) as session:
+                    await session.send("hello through the gateway", algorithm="none")
+                    reply = await session.recv()
+                    print(f"   worker {session.info.peer_agent_id} answered: {_describe(reply, 60)}")
+            print()

@@ -1,0 +1,58 @@
+"""The NATS channel's window protocol without I/O (m2mwire/transport/nats/flow.py, frames.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from m2mwire.transport.nats import frames as f
+from m2mwire.transport.nats.flow import Receiver, Sender
+from m2mwire.transport.nats.options import nats_connect_kwargs, parse_nats_url
+
+
+def test_receiver_takes_only_the_next_sequence_number() -> None:
+    r = Receiver(1000)
+    assert r.check(1) == 0 and r.check(2) == 0
+    assert r.check(2) == -1  # a duplicate (a resend of something we have)
+    assert r.check(4) == 1  # a gap: 3 was lost; 4 is dropped and everything after 2 asked again
+    assert r.last_in_order == 2
+    assert r.check(3) == 0 and r.check(4) == 0
+
+
+def test_credit_moves_by_quarters_of_the_window() -> None:
+    r = Receiver(1000)
+    assert r.consume(100) is None and r.consume(100) is None
+    assert r.consume(50) == 1250  # a quarter consumed: consumed + window
+    assert r.consume(249) is None and r.consume(1) == 1500
+
+
+def test_sender_waits_for_credit_and_releases_what_was_acknowledged() -> None:
+    s = Sender(300)
+    for cost in (100, 100, 100):
+        assert s.has_credit(cost)
+        s.retain(s.take(cost), b"x" * cost)
+    assert not s.has_credit(1) and s.retained_bytes == 300
+    assert s.on_credit(2, 500)  # seq 1 and 2 acknowledged, 200 more allowed
+    assert [seq for seq, _ in s.unacked] == [3] and s.retained_bytes == 100
+    assert s.has_credit(200) and not s.has_credit(201)
+    assert not s.on_credit(3, 400)  # an older, lower limit never shrinks the window
+
+
+def test_frames_round_trip() -> None:
+    assert f.unpack_credit(f.pack_credit(7, 1 << 40, f.RESYNC)) == (7, 1 << 40, f.RESYNC)
+    data = f.pack_close(f.CLOSE, 9, 1000, "bye ✓")
+    assert data[0] == f.CLOSE and f.HEADER.unpack_from(data) == (f.CLOSE, 9)
+    assert f.unpack_close(data) == (1000, "bye ✓")
+
+
+def test_nats_urls() -> None:
+    target = parse_nats_url("nats://u:p@h1:4222,h2:4223/agents.planner", {"servers": ["nats://h3:4222"]})
+    assert target.subject == "agents.planner"
+    assert target.servers == ("nats://u:p@h1:4222", "nats://u:p@h2:4223", "nats://h3:4222")
+    for bad in ("nats://h:4222", "nats://h:4222/agents.*", "nats://h:4222/a..b"):
+        with pytest.raises(ValueError):
+            parse_nats_url(bad)
+    assert nats_connect_kwargs({"nats_token": "t", "credentials": "x.creds", "nats_options": {"a": 1}}) == {
+        "token": "t",
+        "user_credentials": "x.creds",
+        "a": 1,
+    }
