@@ -91,11 +91,10 @@ def _setup_logging(level: str = "warning") -> None:
 
 
 def _cmd_demo(_: argparse.Namespace) -> int:
-    from m2mwire.demo import run_demo, run_nats_demo
+    from m2mwire.demo import run_demo
 
     _setup_logging("error")
     asyncio.run(run_demo())
-    asyncio.run(run_nats_demo())
     return 0
 
 

@@ -293,6 +293,7 @@ async def run_demo() -> None:
                 options["fingerprint"] = server.fingerprint  # pin the server's generated certificate
             await _client_run(server.url, **options)
             print()
+    await run_nats_demo()
     print("next: examples/server.py + examples/client.py, an agent pair to copy (python examples/server.py)")
     print("      m2mwire serve ws://127.0.0.1:8765   then   m2mwire send ws://127.0.0.1:8765 'hello'")
     print("      README.md (Use: connect, serve, Message) and docs/PROTOCOL.md")
@@ -315,10 +316,10 @@ async def run_nats_demo() -> None:
     with LocalNatsServer() as nats_server:
         url = f"{nats_server.url}/m2mwire.demo"
         async with serve(_server_agent, url, identity=DEMO_IDENTITY, agent_id="demo-worker-1"):
-            print(f"== Live session over NATS ({url}; the worker joined the service's queue group)")
+            print(f"== Live session over NATS ({url}, one worker of its queue group)")
             await _client_run(url)
             async with gateway("ws://127.0.0.1:0", url) as gw:
-                print(f"== The same through a gateway: WebSocket {gw.url} -> NATS {url}")
+                print(f"== Through a gateway: WebSocket {gw.url} -> NATS {url}")
                 async with connect(gw.url) as session:
                     await session.send("hello through the gateway", algorithm="none")
                     reply = await session.recv()

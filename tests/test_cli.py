@@ -84,17 +84,18 @@ def test_demo_fits_100_columns_explains_auto_and_points_onwards() -> None:
     assert done.returncode == 0, done.stderr
     out = done.stdout
     assert "Live session over WS" in out and "Live session over QUIC" in out
-    assert out.count("mode LATENT (hash_match)") == 2
-    assert out.count("hidden state (AVP, float32)") == 2
+    assert "Live session over NATS" in out and "worker demo-worker-1 answered" in out
+    assert out.count("mode LATENT (hash_match)") == 3
+    assert out.count("hidden state (AVP, float32)") == 3
     widest = max(out.splitlines(), key=len)
     assert len(widest) <= 100, widest
     # Why automatic selection chose what it chose, in both sessions, from measured sizes.
-    assert out.count("auto chose tokennative: smallest byte-exact wire of tokennative ") == 2
+    assert out.count("auto chose tokennative: smallest byte-exact wire of tokennative ") == 3
     assert "the tokens of the original" in out and "Dictionary was larger than the original for" in out
-    assert out.count('optimize="tokens" (an LLM reads the wire) picks token.') == 2
+    assert out.count('optimize="tokens" (an LLM reads the wire) picks token.') == 3
     # Replies are whole (or a marked summary), never a JSON object cut in the middle.
     replies = [line for line in out.splitlines() if line.lstrip().startswith("reply (")]
-    assert len(replies) == 16
+    assert len(replies) == 24
     for line in replies:
         shown = line.split("): ", 1)[1]
         assert shown.startswith(("completion ", '"', "AVP hidden state")), line
