@@ -55,6 +55,56 @@ def _server_main(url: str, ready: Any) -> None:
     asyncio.run(_serve(url, ready))
 
 
+def _raw_echo_main(servers: str, subject: str, ready: Any) -> None:
+    """Plain nats-py: answer every message on ``subject`` to ``subject.reply`` (the floor under
+    any session over NATS: one more process hop through nats-server each way)."""
+
+    async def run() -> None:
+        import nats
+
+        nc = await nats.connect(servers)
+
+        async def cb(msg: Any) -> None:
+            await nc.publish(subject + ".reply", msg.data)
+
+        await nc.subscribe(subject, cb=cb)
+        await nc.flush()
+        ready.put("ready")
+        await asyncio.Future()
+
+    asyncio.run(run())
+
+
+async def raw_nats_rtt(servers: str, n: int) -> float:
+    import nats
+
+    subject = f"bench.raw.{uuid.uuid4().hex}"
+    ctx = mp.get_context("spawn")
+    ready = ctx.Queue()
+    proc = ctx.Process(target=_raw_echo_main, args=(servers, subject, ready), daemon=True)
+    proc.start()
+    try:
+        ready.get(timeout=60)
+        nc = await nats.connect(servers)
+        replies: asyncio.Queue[Any] = asyncio.Queue()
+
+        async def cb(msg: Any) -> None:
+            replies.put_nowait(msg)
+
+        await nc.subscribe(subject + ".reply", cb=cb)
+        await nc.flush()
+        samples = []
+        for _ in range(n):
+            t = time.perf_counter()
+            await nc.publish(subject, b"x" * 100)
+            await replies.get()
+            samples.append(time.perf_counter() - t)
+        await nc.close()
+        return statistics.median(samples[n // 5 :]) * 1e6
+    finally:
+        proc.terminate()
+
+
 def _start_server(url: str) -> tuple[mp.process.BaseProcess, str]:
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
@@ -177,12 +227,14 @@ def main() -> None:
         finally:
             ws_proc.terminate()
             nats_proc.terminate()
+        raw = asyncio.run(raw_nats_rtt(nats_server.url, 3000))
         print(f"NATS session vs WebSocket session, median of {args.rounds} interleaved rounds")
         print(f"{'':16}{'WebSocket':>12}{'NATS':>12}{'NATS/WS':>10}")
         for label in results["ws"]:
             ws = statistics.median(results["ws"][label])
             nats = statistics.median(results["nats"][label])
             print(f"{label:16}{ws:12.1f}{nats:12.1f}{nats / ws:10.2f}")
+        print(f"plain nats-py request/answer between two processes (no session), RTT p50 us: {raw:.1f}")
         count = 500 if args.quick else 2000
         one = scaling(nats_server.url, 1, 100, count)
         two = scaling(nats_server.url, 2, 100, count)

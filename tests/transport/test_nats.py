@@ -17,6 +17,7 @@ import pytest
 import m2mwire
 from m2mwire.api import Session
 from m2mwire.errors import SessionClosed, TransportError
+from m2mwire.transport.nats import frames as f
 from m2mwire.transport.nats.channel import NatsChannel
 from m2mwire.transport.nats.local import LocalNatsServer, start_cluster
 from m2mwire.transport.nats.service import open_nats_channel, serve_nats
@@ -220,3 +221,15 @@ async def test_session_closed_cleanly_over_nats(nats_server: LocalNatsServer) ->
         await session.close()
         with pytest.raises(SessionClosed):
             await session.send("after close")
+
+
+async def test_a_malformed_frame_fails_only_its_own_session(nats_server: LocalNatsServer) -> None:
+    async with m2mwire.serve(echo, service(nats_server)) as server:
+        async with m2mwire.connect(server.url) as good:
+            bad = await open_nats_channel(server.url, max_message_size=1 << 20, options={})
+            # a continuation chunk with no first chunk before it, as sequenced message 1
+            await bad._nc.publish(bad._out, f.HEADER.pack(f.CONT, 1) + b"stray")
+            with pytest.raises(TransportError, match="continuation without a first chunk"):
+                await asyncio.wait_for(bad.recv(), 10)
+            await good.send("unaffected")
+            assert (await asyncio.wait_for(good.recv(), 10)).text == "unaffected"
