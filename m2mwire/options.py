@@ -60,7 +60,28 @@ class SessionOptions(TypedDict, total=False):
     zstd: ZstdOptions | Mapping[str, Any]
 
 
-class ConnectOptions(SessionOptions, total=False):
+class NatsOptions(TypedDict, total=False):
+    """The nats:// options of connect() and serve() (docs/PROTOCOL.md §5a; passed to nats-py)."""
+
+    servers: str | list[str]
+    user: str
+    password: str
+    nats_token: str
+    credentials: str
+    nkeys_seed: str
+    tls: ssl_module.SSLContext
+    tls_hostname: str
+    inbox_prefix: str
+    name: str
+    reconnect_time_wait: float
+    max_reconnect_attempts: int
+    connect_timeout: float
+    nats_options: dict[str, Any]
+    nats_window: int
+    probe_interval: float
+
+
+class ConnectOptions(SessionOptions, NatsOptions, total=False):
     """Keyword options of :func:`m2mwire.connect` (which apply depends on the URL's scheme)."""
 
     token: str | None
@@ -75,9 +96,11 @@ class ConnectOptions(SessionOptions, total=False):
     connection: QuicClientConnection | None
 
 
-class ServeOptions(SessionOptions, total=False):
+class ServeOptions(SessionOptions, NatsOptions, total=False):
     """Keyword options of :func:`m2mwire.serve` (which apply depends on the URL's scheme)."""
 
+    queue: str  # nats://: the queue group the workers of a service join
+    reuse_port: bool  # ws://, wss://, quic://: SO_REUSEPORT, for several worker processes on one port
     on_hello: Callable[[Hello], Awaitable[None] | None] | None
     max_sessions: int | None
     max_sessions_per_peer: int | None
