@@ -123,6 +123,7 @@ class Session:
         self._admitted_host: str | None = None  # the host whose admission slot we hold
         self._opened_at: float | None = None  # loop time of the handshake's end
         self._span: Any = None  # the session's OpenTelemetry span (m2mwire.tracing), if enabled
+        self._trace_parent: tuple[str | None, str | None] = (None, None)  # client: its HELLO's context
         # A channel write that had to wait, running in a task of its own (see _start_write), and the
         # write_timeout timer watching it.
         self._inflight: asyncio.Task[None] | None = None
@@ -463,7 +464,14 @@ class Session:
 
     async def _start(self) -> SessionInfo:
         """Run the handshake; returns the negotiated info or raises (REJECT, timeout, transport)."""
-        self._protocol.initiate(self._loop.time(), tracing.carrier() if tracing.ENABLED else None)
+        if tracing.ENABLED:
+            # The caller's trace context, now: the session span must join it even when the
+            # handshake ends in another task's context (NATS delivers in its subscription task).
+            hello_trace = tracing.carrier()
+            self._trace_parent = (hello_trace.get("traceparent"), hello_trace.get("tracestate"))
+            self._protocol.initiate(self._loop.time(), hello_trace)
+        else:
+            self._protocol.initiate(self._loop.time())
         self._tasks = [asyncio.create_task(self._writer(), name="m2mwire-writer")]
         if isinstance(self._channel, PushChannel):
             self._push = True
@@ -524,7 +532,7 @@ class Session:
                 self._opened_at = self._loop.time()
                 _log_opened(event.info, self._channel.remote_address)
                 if tracing.ENABLED:
-                    trace_parent = self._protocol.peer_trace or (None, None)
+                    trace_parent = self._protocol.peer_trace or self._trace_parent
                     self._span = tracing.start_session(
                         event.info, self._channel.remote_address, *trace_parent
                     )

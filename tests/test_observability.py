@@ -11,12 +11,12 @@ import m2mwire
 from m2mwire.api import Session, connect
 from m2mwire.codecs import Encoding
 from m2mwire.codecs.tokenizers import clear_tokenizer_cache, is_loaded
-from tests.test_api import client_opts, echo, running
-
-
-@pytest.fixture(params=["ws", "quic"])
-def scheme(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
+from tests.test_api import (
+    client_opts,
+    echo,
+    running,
+    scheme,  # noqa: F401 (the ws/quic/nats fixture)
+)
 
 
 async def test_one_info_line_per_session_opened_and_closed(

@@ -14,16 +14,15 @@ import websockets
 from m2mwire.api import Session, connect
 from m2mwire.errors import EncodeError, SessionClosed, SessionTimeout
 from m2mwire.schemas.identity import ModelIdentity
-from tests.test_api import client_opts, running
+from tests.test_api import (
+    client_opts,
+    running,
+    scheme,  # noqa: F401 (the ws/quic/nats fixture)
+)
 
 IDENT = ModelIdentity(
     model_family="llama", model_id="tiny", model_hash="ab" * 32, hidden_dim=16, num_layers=2
 )
-
-
-@pytest.fixture(params=["ws", "quic"])
-def scheme(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 async def answering(session: Session) -> None:

@@ -15,7 +15,11 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from m2mwire import tracing
 from m2mwire.api import Session, connect
-from tests.test_api import client_opts, running
+from tests.test_api import (
+    client_opts,
+    running,
+    scheme,  # noqa: F401 (the ws/quic/nats fixture)
+)
 
 _EXPORTER = InMemorySpanExporter()
 
@@ -30,11 +34,6 @@ def spans() -> Iterator[InMemorySpanExporter]:
     _EXPORTER.clear()
     yield _EXPORTER
     _EXPORTER.clear()
-
-
-@pytest.fixture(params=["ws", "quic"])
-def scheme(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 async def answer(session: Session) -> None:
@@ -66,7 +65,9 @@ async def test_one_trace_crosses_both_agents(scheme: str, spans: InMemorySpanExp
     for s in spans.get_finished_spans():
         by_name.setdefault(s.name, []).append(s)
     # Every span of both agents belongs to the client's trace.
-    assert {s.context.trace_id for s in spans.get_finished_spans()} == {trace_id}
+    assert {s.context.trace_id for s in spans.get_finished_spans()} == {trace_id}, [
+        (s.name, s.kind, s.context.trace_id == trace_id) for s in spans.get_finished_spans()
+    ]
     assert len(by_name["m2mwire.session"]) == 2  # the client's and the server's
     request = finished["m2mwire.request"]
     reply = finished["m2mwire.reply"]
