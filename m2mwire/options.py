@@ -147,6 +147,8 @@ _CALL_ONLY: dict[str, Call] = {
     "on_hello": "serve",
     "max_sessions": "serve",
     "max_sessions_per_peer": "serve",
+    "resume_window": "serve",
+    "reconnect": "connect",
 }
 _ALL_TRANSPORT = frozenset(
     name for by_scheme in _TRANSPORT_OPTIONS.values() for v in by_scheme.values() for name in v

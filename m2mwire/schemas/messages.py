@@ -28,8 +28,10 @@ __all__ = [
     "DataPayload",
     "Envelope",
     "LatentCaps",
+    "AckPayload",
     "MessageType",
     "Rejection",
+    "ResumeCaps",
     "SecurityCaps",
     "ZstdCaps",
     "decode_data",
@@ -52,6 +54,7 @@ class MessageType(StrEnum):
     PING = "PING"
     PONG = "PONG"
     CLOSE = "CLOSE"
+    ACK = "ACK"  # ours, only on sessions that negotiated ``resume`` (docs/PROTOCOL.md "Resume")
 
 
 # Seed rejection codes (the first five are the reference's enum; SERVER_BUSY is the docs').
@@ -102,6 +105,26 @@ class LatentCaps(msgspec.Struct, kw_only=True, omit_defaults=True):
     avp_map_id: str = ""
 
 
+class ResumeCaps(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """The ``resume`` capability (docs/PROTOCOL.md "Resume").
+
+    HELLO offers it with ``buffer``; an ACCEPT that grants it adds the secret ``token``. A HELLO that
+    resumes a session adds ``session_id``, ``token`` and ``received``; its ACCEPT answers with the
+    server's ``received``. ``received`` counts the DATA messages (text and binary) received so far.
+    """
+
+    buffer: int = 0  # bytes of unacknowledged DATA the sender of this message retains at most
+    token: str | None = None
+    session_id: str | None = None
+    received: int | None = None
+
+
+class AckPayload(msgspec.Struct, kw_only=True):
+    """ACK payload: the cumulative count of DATA messages received in the ACK sender's direction."""
+
+    received: int
+
+
 class Capabilities(msgspec.Struct, kw_only=True):
     version: str
     agent_id: str
@@ -115,6 +138,7 @@ class Capabilities(msgspec.Struct, kw_only=True):
     # Ours, HELLO only: the client's W3C trace context, so the server's session span joins its trace.
     traceparent: str | msgspec.UnsetType = msgspec.UNSET
     tracestate: str | msgspec.UnsetType = msgspec.UNSET
+    resume: ResumeCaps | msgspec.UnsetType = msgspec.UNSET  # ours: absent unless resume is offered
 
 
 class Rejection(msgspec.Struct, kw_only=True):
@@ -202,6 +226,7 @@ _flat_decoder = msgspec.json.Decoder(_FlatHello)
 _reject_decoder = msgspec.json.Decoder(Rejection)
 _data_decoder = msgspec.json.Decoder(DataPayload)
 _close_decoder = msgspec.json.Decoder(ClosePayload)
+_ack_decoder = msgspec.json.Decoder(AckPayload)
 _any_decoder = msgspec.json.Decoder()
 _data_envelope_decoder = msgspec.json.Decoder(DataEnvelope)
 # How every DATA message starts, ours and the reference's (both emit ``type`` first).
@@ -285,7 +310,7 @@ class Decoded(msgspec.Struct, frozen=True):
     type: MessageType | None
     type_name: str
     session_id: str | None
-    payload: Capabilities | Rejection | DataPayload | ClosePayload | None
+    payload: Capabilities | Rejection | DataPayload | ClosePayload | AckPayload | None
     timestamp: int
 
 
@@ -304,7 +329,7 @@ def decode_message(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS) -> Dec
     try:
         raw = _raw_decoder.decode(text)
         mtype = _TYPES.get(raw.type)
-        payload: Capabilities | Rejection | DataPayload | ClosePayload | None = None
+        payload: Capabilities | Rejection | DataPayload | ClosePayload | AckPayload | None = None
         if mtype is not None:
             payload = _decode_payload(mtype, raw.payload)
     except (msgspec.DecodeError, UnicodeError) as exc:
@@ -322,7 +347,7 @@ def decode_message(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS) -> Dec
 
 def _decode_payload(
     mtype: MessageType, raw: msgspec.Raw
-) -> Capabilities | Rejection | DataPayload | ClosePayload | None:
+) -> Capabilities | Rejection | DataPayload | ClosePayload | AckPayload | None:
     if mtype is MessageType.DATA and raw:  # the hot path first
         try:
             return _data_decoder.decode(raw)
@@ -342,6 +367,8 @@ def _decode_payload(
             return _reject_decoder.decode(raw)
         if mtype is MessageType.DATA:
             return _data_decoder.decode(raw)
+        if mtype is MessageType.ACK:
+            return _ack_decoder.decode(raw)
         return _close_decoder.decode(raw)
     except msgspec.DecodeError as exc:
         raise ProtocolError(
@@ -375,14 +402,21 @@ def _decode_caps(raw: msgspec.Raw) -> Capabilities:
 
 def json_schema() -> dict[str, Any]:
     """JSON Schema (2020-12) of every session message, for other implementers."""
-    schema_types: Iterable[type[Any]] = (Envelope, Capabilities, Rejection, DataPayload, ClosePayload)
+    schema_types: Iterable[type[Any]] = (
+        Envelope,
+        Capabilities,
+        Rejection,
+        DataPayload,
+        ClosePayload,
+        AckPayload,
+    )
     (_, components) = msgspec.json.schema_components(list(schema_types), ref_template="#/$defs/{name}")
     return {
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "title": "m2mwire session messages",
         "description": (
             "Envelope {type, session_id?, payload?, timestamp}. payload is Capabilities for HELLO/ACCEPT, "
-            "Rejection for REJECT, DataPayload for DATA, ClosePayload for CLOSE and {} for PING/PONG."
+            "Rejection for REJECT, DataPayload for DATA, ClosePayload for CLOSE, AckPayload for ACK and {} for PING/PONG."
         ),
         "$ref": "#/$defs/Envelope",
         "$defs": components,

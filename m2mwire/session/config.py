@@ -87,11 +87,15 @@ class Timers:
     """The seed's session timers, in seconds; every one is configurable."""
 
     hello_timeout: float = 30.0  # HELLO must be answered (ACCEPT/REJECT) within this
-    ping_interval: float = 60.0  # PING after this long without receiving anything
-    pong_timeout: float = 10.0  # each PING must be answered within this
-    max_missed_pongs: int = 3  # this many unanswered PINGs in a row close the session
+    # A silent peer is declared gone after ping_interval + max_missed_pongs * pong_timeout = 20 s
+    # (the QUIC idle timeout is 20 s too): a PING after 10 s of silence, a second one 5 s later.
+    ping_interval: float = 10.0  # PING after this long without receiving anything
+    pong_timeout: float = 5.0  # each PING must be answered within this
+    max_missed_pongs: int = 2  # this many unanswered PINGs in a row: the connection is dead
     close_timeout: float = 5.0  # our CLOSE must be acknowledged within this
-    session_timeout: float = 300.0  # no DATA either way for this long closes the session
+    # No DATA either way for this long closes the session; None: never (answered PINGs keep a
+    # healthy idle session open).
+    session_timeout: float | None = 300.0
     # One message that the transport cannot take for this long (the peer stopped reading) drops
     # the peer. The ping timers cannot see such a peer: we stop reading while our writes wait.
     write_timeout: float = 30.0
@@ -118,6 +122,12 @@ class SessionConfig:
     max_queue_bytes: int = 32 * MiB
     token: str | None = None  # client: credential sent in HELLO for the server's on_hello check
     zstd: ZstdOptions = ZstdOptions()  # session-context zstd, when "zstd" is among the algorithms
+    # Resume (docs/PROTOCOL.md "Resume"): a server offers it while resume_window > 0 (seconds a
+    # detached session waits for its client; 0 turns resume off); a client offers it with
+    # connect(reconnect=...). resume_buffer_bytes bounds the DATA retained until acknowledged.
+    resume_window: float = 60.0
+    resume_buffer_bytes: int = 16 * MiB
+    resume: bool = False  # client: offer resume in HELLO (set by connect(reconnect=...))
 
     def resolved_encodings(self) -> tuple[Encoding, ...]:
         return self.encodings or tuple(available_encodings())
@@ -129,7 +139,8 @@ class SessionConfig:
         return encodings[0] if encodings else Encoding.CL100K
 
 
-SESSION_OPTIONS = frozenset(SessionConfig.__dataclass_fields__)
+# ``resume`` is not a user option: connect(reconnect=...) sets it.
+SESSION_OPTIONS = frozenset(SessionConfig.__dataclass_fields__) - {"resume"}
 _TIMER_NAMES = tuple(Timers.__dataclass_fields__)
 
 
@@ -170,8 +181,16 @@ def make_config(options: dict[str, Any]) -> SessionConfig:
         raise ConfigError(f"timers= takes a Timers or a dict of its fields, not {type(timers).__name__}")
     for name in _TIMER_NAMES:
         value = getattr(timers or Timers(), name)
+        if name == "session_timeout" and value is None:
+            continue  # no idle close
         if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
             raise ConfigError(f"timer {name} takes a number above 0 (seconds, or a count), not {value!r}")
+    window = opts.get("resume_window", 60.0)
+    if isinstance(window, bool) or not isinstance(window, int | float) or window < 0:
+        raise ConfigError(f"resume_window= takes seconds (0 turns resume off), not {window!r}")
+    buffer = opts.get("resume_buffer_bytes", 16 * MiB)
+    if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 1:
+        raise ConfigError(f"resume_buffer_bytes= takes a number of bytes above 0, not {buffer!r}")
     max_payload = opts.get("max_payload", 0)
     if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload < 0:
         raise ConfigError(f"max_payload= takes a number of bytes (0 = unlimited), not {max_payload!r}")

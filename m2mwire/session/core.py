@@ -60,6 +60,7 @@ from m2mwire.errors import (
 )
 from m2mwire.schemas.messages import (
     PROTOCOL_VERSION,
+    AckPayload,
     Capabilities,
     ClosePayload,
     CompressionCaps,
@@ -67,6 +68,7 @@ from m2mwire.schemas.messages import (
     LatentCaps,
     MessageType,
     Rejection,
+    ResumeCaps,
     SecurityCaps,
     ZstdCaps,
     decode_data,
@@ -82,6 +84,7 @@ from m2mwire.session.negotiation import (
     negotiate_client,
     negotiate_server,
 )
+from m2mwire.session.resume import ResumeState, message_size, new_token
 from m2mwire.session.zstdstate import ZstdSessionState, text_form_bound
 from m2mwire.transport.base import Buffer
 
@@ -92,10 +95,13 @@ __all__ = [
     "AVP_RESERVED_PREFIX",
     "CloseTransport",
     "Closed",
+    "Detached",
     "Established",
     "Event",
     "HelloReceived",
     "Message",
+    "ResumeRequested",
+    "Resumed",
     "Role",
     "SendMessage",
     "SentInfo",
@@ -250,6 +256,8 @@ class Stats:
     original_tokens_received: int = 0  # text DATA received (token_stats=True)
     wire_tokens_received: int = 0  # their wire strings (token_stats=True; binary zstd: as #ZS| text)
     by_algorithm: dict[str, int] = field(default_factory=dict)
+    reconnects: int = 0  # connections this session resumed on (reconnect/resume)
+    retransmitted: int = 0  # DATA messages sent again on a resume (the peer had not got them)
     ping_rtt: float | None = None  # seconds from our last answered PING to its PONG
 
     @property
@@ -288,7 +296,35 @@ class HelloReceived:
     hello: Capabilities
 
 
-Event = Established | Closed | HelloReceived
+@dataclass(frozen=True, slots=True)
+class Detached:
+    """The connection is gone (or dead: PONGs missed) but the session can still be resumed: the
+    shell drops the channel; a client reconnects and calls :meth:`SessionProtocol.begin_resume`,
+    a server waits (``resume_window``) for the client to come back."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeRequested:
+    """Server, on a fresh connection: its HELLO resumes ``session_id``. The shell finds that
+    session, checks ``token`` against it (:meth:`SessionProtocol.resume_token_matches`) and moves
+    this connection to it (:meth:`SessionProtocol.attach`), or answers
+    :meth:`SessionProtocol.refuse_resume` here."""
+
+    session_id: str
+    token: str
+    received: int
+
+
+@dataclass(frozen=True, slots=True)
+class Resumed:
+    """The session runs on a new connection; ``retransmitted`` DATA messages are sent again."""
+
+    retransmitted: int
+
+
+Event = Established | Closed | HelloReceived | Detached | ResumeRequested | Resumed
 
 
 def closed_error(event: Closed, *, handshake: bool = False) -> M2MError:
@@ -474,6 +510,14 @@ class SessionProtocol:
         self._warned_at = -WARNING_INTERVAL  # rate limit of _warn()
         self._warnings_suppressed = 0
         self._zstd: ZstdSessionState | None = None  # both zstd contexts, when zstd was negotiated
+        # Resume (docs/PROTOCOL.md "Resume"): None unless both ends negotiated it. While
+        # ``attached`` is False the session is ESTABLISHED without a connection: DATA sent is
+        # retained only, and a server's ``_resume_deadline`` (resume_window) ends the wait.
+        self.resume: ResumeState | None = None
+        self.attached = True
+        self._resuming = False  # client: the resuming HELLO is out, its ACCEPT not yet in
+        self._resume_deadline: float | None = None
+        self._resume_request: ResumeRequested | None = None  # server, fresh connection
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -511,7 +555,10 @@ class SessionProtocol:
                     self._check_received_size(text)
                     if self.state is _CLOSED:
                         return None
-                return self._on_data(data.session_id, data.payload, now)
+                message = self._on_data(data.session_id, data.payload, now)
+                if message is not None and self.resume is not None:
+                    self._count_received(len(text))
+                return message
         if len(text) > CONTROL_MESSAGE_LIMIT and not self._large_message_allowed(text):
             return None
         try:
@@ -530,7 +577,10 @@ class SessionProtocol:
             if self.state is _CLOSED:
                 return None
         handler = _HANDLERS[msg.type]
-        return handler(self, msg.session_id, msg.payload, now)
+        result = handler(self, msg.session_id, msg.payload, now)
+        if result is not None and self.resume is not None:
+            self._count_received(len(text))
+        return result
 
     def receive_binary(self, data: bytes | bytearray | memoryview, now: float) -> Message | None:
         """Feed one binary message (TokenNative binary, an M2M v1 frame or an AVP frame); returns
@@ -631,6 +681,8 @@ class SessionProtocol:
         except M2MError as exc:  # DecodeError, LimitExceeded, TokenizerUnavailable, ...
             self._refuse_data("binary frame", exc)
             return None
+        if self.resume is not None:
+            self._count_received(size)
         return self._deliver(message, now)
 
     def send(
@@ -686,7 +738,7 @@ class SessionProtocol:
             else:
                 frame = compress_binary(text, encoding=info.encoding)
             self._check_payload_size(len(frame), f"{kind.value} binary frame")
-            self._queue_output(SendMessage((frame,)))
+            self._queue_data(SendMessage((frame,)))
             sent = SentInfo(kind.value, True, original, len(frame))
         else:
             if self._zstd is not None and (
@@ -722,8 +774,11 @@ class SessionProtocol:
             envelope = encode_data(payload, info.session_id)
             if len(envelope) > self._payload_limit or not envelope.isascii():
                 self._check_payload_size(_utf8_len(envelope), "DATA message")
-            self._outputs.append(SendMessage(envelope))
-            self.outputs_total += 1
+            if self.resume is None:
+                self._outputs.append(SendMessage(envelope))
+                self.outputs_total += 1
+            else:
+                self._queue_data(SendMessage(envelope))
             if self.config.token_stats:
                 tokens = (count_tokens(text), count_tokens(wire))
                 self.stats.original_tokens_sent += tokens[0]
@@ -831,7 +886,7 @@ class SessionProtocol:
             # here (read from the zstd header; a compressed frame is small, so joining it is cheap).
             one = parts[0] if len(parts) == 1 else b"".join(parts)
             self._check_payload_size(payload_size(one), "decompressed AVP payload")
-        self._queue_output(SendMessage(parts if type(parts) is tuple else tuple(parts)))
+        self._queue_data(SendMessage(parts if type(parts) is tuple else tuple(parts)))
         sent = SentInfo("avp", True, size, size)
         self._account_sent(sent, now)
         return sent
@@ -846,6 +901,11 @@ class SessionProtocol:
             return
         if self.state is _CLOSE_RECEIVED:  # the peer closed first: this is our acknowledgement
             self.acknowledge_close()
+            return
+        if self.state is State.ESTABLISHED and not self.attached:
+            # Detached: no connection to say CLOSE on (the shell waits for a resume first when
+            # retained DATA must still reach the peer).
+            self._finish(Closed(code, reason, by_peer=False), None)
             return
         if self.state is State.ESTABLISHED:
             self._send_close(code, reason)
@@ -879,9 +939,17 @@ class SessionProtocol:
         log.info("session %s: %s", self._session_id or "-", err)
         self._finish(Closed("WRITE_TIMEOUT", str(err), by_peer=False, error=err), None)
 
-    def transport_closed(self, error: M2MError | None = None) -> None:
-        """The channel underneath is gone (peer vanished, connection lost, orderly transport close)."""
+    def transport_closed(self, error: M2MError | None = None, now: float | None = None) -> None:
+        """The channel underneath is gone (peer vanished, connection lost, orderly transport close).
+
+        A session that negotiated resume is detached instead of closed (a :class:`Detached`
+        event); ``now`` then starts a server's ``resume_window``."""
         if self.state is State.CLOSED:
+            return
+        if self.resume is not None and self.state is State.ESTABLISHED:
+            if self.attached:
+                detail = f": {error}" if error is not None else ""
+                self._detach(f"connection lost{detail}", self._last_received if now is None else now)
             return
         if self.state is _CLOSE_RECEIVED and self._peer_close is not None:
             self._finish(self._peer_close, None)  # the peer had closed anyway: an orderly end
@@ -895,7 +963,18 @@ class SessionProtocol:
     def handle_timer(self, now: float) -> None:
         """Act on every deadline that has passed."""
         t = self.config.timers
+        if self._resume_deadline is not None and now >= self._resume_deadline:
+            err = SessionClosed(
+                f"the client did not resume the session within {self.config.resume_window:g} s "
+                "(resume_window)",
+                code="RESUME_EXPIRED",
+            )
+            self._finish(Closed("RESUME_EXPIRED", str(err), by_peer=False, error=err), None)
+            return
         if self._hello_deadline is not None and now >= self._hello_deadline:
+            if self._resuming:
+                self._detach(f"no ACCEPT to the resuming HELLO within {t.hello_timeout:g} s", now)
+                return
             waited = "ACCEPT" if self.role is Role.CLIENT else "HELLO"
             err = SessionTimeout(f"no {waited} within {t.hello_timeout:g} s (hello_timeout)")
             self._finish(Closed("HELLO_TIMEOUT", str(err), by_peer=False, error=err), CLOSE_GOING_AWAY)
@@ -907,7 +986,7 @@ class SessionProtocol:
             err = SessionTimeout(f"CLOSE not acknowledged within {t.close_timeout:g} s (close_timeout)")
             self._finish(Closed("NORMAL", str(err), by_peer=False, error=err), self._close_code)
             return
-        if self.state is not State.ESTABLISHED:
+        if self.state is not State.ESTABLISHED or not self._live:
             return
         if self._pong_deadline is not None and now >= self._pong_deadline:
             self._missed_pongs += 1
@@ -916,13 +995,16 @@ class SessionProtocol:
                     f"{self._missed_pongs} PINGs in a row not answered within {t.pong_timeout:g} s; "
                     "the peer is gone"
                 )
+                if self.resume is not None:  # the connection is dead, not the session
+                    self._detach(str(err), now)
+                    return
                 self._send_close("PONG_TIMEOUT", str(err))
                 self._finish(Closed("PONG_TIMEOUT", str(err), by_peer=False, error=err), CLOSE_GOING_AWAY)
                 return
             self._ping(now)
         elif self._pong_deadline is None and now >= self._last_received + t.ping_interval:
             self._ping(now)
-        if now >= self._last_data + t.session_timeout:
+        if t.session_timeout is not None and now >= self._last_data + t.session_timeout:
             err = SessionTimeout(f"no DATA for {t.session_timeout:g} s (session_timeout)")
             self._send_close("SESSION_TIMEOUT", str(err))
             self.state = State.CLOSING
@@ -942,20 +1024,26 @@ class SessionProtocol:
     def next_deadline(self) -> float | None:
         """The earliest time at which handle_timer() has something to do."""
         t = self.config.timers
-        if self.state is _ESTABLISHED and self._hello_deadline is None and self._close_deadline is None:
+        live = self._live
+        if self.state is _ESTABLISHED and self._hello_deadline is None and self._close_deadline is None and live:
             # the per-message case: only the ping (or pong) and session deadlines are armed
             ping = self._pong_deadline
             if ping is None:
                 ping = self._last_received + t.ping_interval
+            if t.session_timeout is None:
+                return ping
             session = self._last_data + t.session_timeout
             return ping if ping < session else session
-        candidates = [d for d in (self._hello_deadline, self._close_deadline) if d is not None]
-        if self.state is State.ESTABLISHED:
+        candidates = [
+            d for d in (self._hello_deadline, self._close_deadline, self._resume_deadline) if d is not None
+        ]
+        if self.state is State.ESTABLISHED and live:
             if self._pong_deadline is not None:
                 candidates.append(self._pong_deadline)
             else:
                 candidates.append(self._last_received + t.ping_interval)
-            candidates.append(self._last_data + t.session_timeout)
+            if t.session_timeout is not None:
+                candidates.append(self._last_data + t.session_timeout)
         return min(candidates) if candidates else None
 
     # -- outputs --------------------------------------------------------------------------------
@@ -1005,6 +1093,9 @@ class SessionProtocol:
         if (refusal := _oversized_lists(payload)) is not None:
             self._reject("MESSAGE_TOO_BIG", refusal)
             return
+        if isinstance(payload.resume, ResumeCaps) and payload.resume.session_id is not None:
+            self._on_resume_hello(payload.resume)
+            return
         cfg = self.config
         result = negotiate_server(
             payload,
@@ -1048,10 +1139,17 @@ class SessionProtocol:
             )
         self._session_id = self._new_session_id()
         accept = accept_capabilities(self._own_capabilities(), result)
+        if isinstance(hello.resume, ResumeCaps) and self._offers_resume():
+            token = new_token()
+            accept.resume = ResumeCaps(buffer=self.config.resume_buffer_bytes, token=token)
+            self.resume = ResumeState(self.config.resume_buffer_bytes, hello.resume.buffer, token)
         self._send_text(encode_message(MessageType.ACCEPT, accept, session_id=self._session_id))
         self._establish(result, hello, now)
 
     def _on_accept(self, sid: str | None, payload: Any, now: float) -> None:
+        if self._resuming:
+            self._on_resume_accept(sid, payload, now)
+            return
         if self.role is not Role.CLIENT or self.state is not State.HELLO_SENT:
             self._protocol_violation(f"unexpected ACCEPT in state {self.state.value}", "UNEXPECTED_MESSAGE")
             return
@@ -1073,9 +1171,21 @@ class SessionProtocol:
             self._protocol_violation(f"unusable ACCEPT: {result.message}", result.code)
             return
         self._session_id = sid
+        granted = payload.resume
+        if self.config.resume and isinstance(granted, ResumeCaps) and granted.token:
+            self.resume = ResumeState(self.config.resume_buffer_bytes, granted.buffer, granted.token)
         self._establish(result, payload, now)
 
     def _on_reject(self, _sid: str | None, payload: Any, _now: float) -> None:
+        if self._resuming:
+            assert isinstance(payload, Rejection)
+            err = SessionClosed(
+                f"cannot resume the session: {payload.code}: {payload.message}",
+                code=payload.code,
+                reason=payload.message,
+            )
+            self._finish(Closed(payload.code, payload.message, by_peer=True, error=err), CLOSE_NORMAL)
+            return
         if self.role is not Role.CLIENT or self.state is not State.HELLO_SENT:
             self._protocol_violation(f"unexpected REJECT in state {self.state.value}", "UNEXPECTED_MESSAGE")
             return
@@ -1131,6 +1241,18 @@ class SessionProtocol:
 
     def _on_ping(self, sid: str | None, _payload: Any, _now: float) -> None:
         self._send_text(encode_message(MessageType.PONG, session_id=self._session_id or sid))
+        if self.resume is not None and self.resume.ack_pending and self._live:
+            self._send_ack()  # a quiet moment: release what the peer retains for us
+
+    def _on_ack(self, _sid: str | None, payload: Any, _now: float) -> None:
+        if self.resume is None or self.state is not _ESTABLISHED and self.state is not _CLOSING:
+            log.warning("ignoring ACK on a session without resume")
+            return
+        assert isinstance(payload, AckPayload)
+        try:
+            self.resume.on_ack(payload.received)
+        except ProtocolError as exc:
+            self._protocol_violation(str(exc), exc.code)
 
     def _on_pong(self, _sid: str | None, _payload: Any, now: float) -> None:
         self._missed_pongs = 0
@@ -1171,6 +1293,147 @@ class SessionProtocol:
             return
         self._finish(closed, CLOSE_NORMAL)
 
+    # -- resume (docs/PROTOCOL.md "Resume") ------------------------------------------------------
+
+    @property
+    def _live(self) -> bool:
+        """DATA goes on the wire now (not detached, not waiting for a resume's ACCEPT)."""
+        return self.attached and not self._resuming
+
+    @property
+    def detached(self) -> bool:
+        """Established, but without a usable connection: waiting to be resumed."""
+        return self.state is _ESTABLISHED and not self._live
+
+    def _offers_resume(self) -> bool:
+        if self.role is Role.SERVER:
+            return self.config.resume_window > 0
+        return self.config.resume
+
+    def _on_resume_hello(self, caps: ResumeCaps) -> None:
+        if not self._offers_resume():
+            self._reject("RESUME_UNKNOWN", "this server does not resume sessions (resume_window=0)")
+            return
+        if not caps.token or caps.received is None or caps.received < 0:
+            self._protocol_violation("a resuming HELLO needs token and received", "MALFORMED_MESSAGE")
+            return
+        assert caps.session_id is not None
+        self._resume_request = ResumeRequested(caps.session_id, caps.token, caps.received)
+        self._events.append(self._resume_request)
+
+    def refuse_resume(self, code: str, message: str) -> None:
+        """Server, fresh connection: answer the resuming HELLO with REJECT ``code``."""
+        if self._resume_request is None or self.state is not State.INITIAL:
+            return
+        self._resume_request = None
+        self._reject(code, message)
+
+    def resume_token_matches(self, token: str) -> bool:
+        return self.resume is not None and self.resume.token_matches(token)
+
+    def attach(self, peer_received: int, now: float) -> None:
+        """Server: a resuming client's connection now carries this (detached) session. Queues the
+        ACCEPT with our count of DATA received, then every DATA message the client did not get."""
+        if self.resume is None or self.state is not _ESTABLISHED or self.attached:
+            raise ProtocolError("attach() needs a detached session that negotiated resume", code="INVALID_STATE")
+        self.attached = True
+        self._resume_deadline = None
+        accept = self._own_capabilities()
+        accept.resume = ResumeCaps(buffer=self.config.resume_buffer_bytes, received=self.resume.take_ack())
+        self._send_text(encode_message(MessageType.ACCEPT, accept, session_id=self._session_id))
+        self._replay(peer_received, now)
+
+    def begin_resume(self, now: float) -> None:
+        """Client: a new connection is open; say HELLO with the session id, token and our count."""
+        r = self.resume
+        if r is None or self.state is not _ESTABLISHED or self.attached:
+            raise ProtocolError("begin_resume() needs a detached session that negotiated resume", code="INVALID_STATE")
+        self.attached = True
+        self._resuming = True
+        caps = self._own_capabilities()
+        caps.resume = ResumeCaps(
+            buffer=self.config.resume_buffer_bytes, session_id=self._session_id, token=r.token, received=r.take_ack()
+        )
+        self._send_text(encode_message(MessageType.HELLO, caps))
+        self._hello_deadline = now + self.config.timers.hello_timeout
+
+    def _on_resume_accept(self, sid: str | None, payload: Any, now: float) -> None:
+        assert isinstance(payload, Capabilities)
+        granted = payload.resume
+        if sid != self._session_id or not isinstance(granted, ResumeCaps) or granted.received is None:
+            # e.g. a server that does not know resume answered the HELLO as a new session
+            err = SessionClosed(
+                f"the server answered the resuming HELLO with a new session ({sid!r}), not ours",
+                code="RESUME_UNKNOWN",
+            )
+            self._send_close("RESUME_UNKNOWN", str(err))
+            self._finish(Closed("RESUME_UNKNOWN", str(err), by_peer=True, error=err), CLOSE_NORMAL)
+            return
+        self._resuming = False
+        self._hello_deadline = None
+        self._replay(granted.received, now)
+
+    def _replay(self, peer_received: int, now: float) -> None:
+        r = self.resume
+        assert r is not None
+        try:
+            pending = list(r.replay(peer_received))
+        except ProtocolError as exc:
+            self._protocol_violation(str(exc), exc.code)
+            return
+        self._last_received = self._last_data = now
+        self._missed_pongs = 0
+        self._pong_deadline = self._ping_sent_at = None
+        self._on_resume()
+        for message in pending:
+            self._queue_output(SendMessage(message))
+        self.stats.reconnects += 1
+        self.stats.retransmitted += len(pending)
+        self._events.append(Resumed(len(pending)))
+
+    def _on_resume(self) -> None:
+        """Hook: the session continues on a new connection, before anything is retransmitted.
+
+        Per-session codec state (a compression context, say) is reset here on both ends: the
+        peer's decoder restarts too, and retransmitted messages are those retained, so a codec
+        with state must retain its input and encode it again here (docs/PROTOCOL.md "Resume")."""
+
+    def _detach(self, reason: str, now: float) -> None:
+        self.attached = False
+        self._resuming = False
+        self._hello_deadline = self._pong_deadline = self._ping_sent_at = None
+        self._missed_pongs = 0
+        self._outputs.clear()  # control messages for the dead connection; DATA is retained
+        if self.role is Role.SERVER:
+            self._resume_deadline = now + self.config.resume_window
+        log.info("session %s detached: %s", self._session_id or "-", reason)
+        self._events.append(Detached(reason))
+
+    def _queue_data(self, out: SendMessage) -> None:
+        r = self.resume
+        if r is None:
+            self._queue_output(out)
+            return
+        message = out.message
+        if not isinstance(message, str) and any(type(part) is not bytes for part in message):
+            # Retained past this call: a caller's bytearray or view may change after send().
+            message = tuple(bytes(part) for part in message)
+            out = SendMessage(message)
+        r.on_sent(message, message_size(message))
+        if self._live:
+            self._queue_output(out)
+
+    def _count_received(self, size: int) -> None:
+        r = self.resume
+        assert r is not None
+        if r.on_received(size) and self._live:
+            self._send_ack()
+
+    def _send_ack(self) -> None:
+        assert self.resume is not None
+        ack = AckPayload(received=self.resume.take_ack())
+        self._send_text(encode_message(MessageType.ACK, ack, session_id=self._session_id))
+
     # -- helpers ----------------------------------------------------------------------------------
 
     def _own_capabilities(self) -> Capabilities:
@@ -1192,6 +1455,7 @@ class SessionProtocol:
             security=SecurityCaps(),
             avp=LatentCaps(identity=cfg.identity) if cfg.identity is not None else LatentCaps(),
             token=cfg.token if cfg.token is not None and self.role is Role.CLIENT else msgspec.UNSET,
+            resume=ResumeCaps(buffer=cfg.resume_buffer_bytes) if self._offers_resume() else msgspec.UNSET,
         )
 
     def _own_zstd_caps(self) -> ZstdCaps | None:
@@ -1396,7 +1660,7 @@ class SessionProtocol:
         if event.error is not None:
             _drop_tracebacks(event.error)
         self.state = State.CLOSED
-        self._hello_deadline = self._close_deadline = self._pong_deadline = None
+        self._hello_deadline = self._close_deadline = self._pong_deadline = self._resume_deadline = None
         self._closed_event = event
         self._events.append(event)
         if close_code is not None:
@@ -1432,4 +1696,5 @@ _HANDLERS: dict[MessageType, _Handler] = {
     MessageType.PING: SessionProtocol._on_ping,
     MessageType.PONG: SessionProtocol._on_pong,
     MessageType.CLOSE: SessionProtocol._on_close,
+    MessageType.ACK: SessionProtocol._on_ack,
 }

@@ -1,0 +1,225 @@
+"""Resume in the sans-I/O core: sequence counting, ACKs, retention and the resume handshake,
+without sockets (docs/PROTOCOL.md "Resume")."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from m2mwire import avp
+from m2mwire.codecs import Encoding
+from m2mwire.errors import ProtocolError, SessionClosed
+from m2mwire.schemas.identity import ModelIdentity
+from m2mwire.session.config import SessionConfig
+from m2mwire.session.core import (
+    Closed,
+    Detached,
+    Established,
+    Message,
+    ResumeRequested,
+    Resumed,
+    Role,
+    SendMessage,
+    SessionProtocol,
+)
+from m2mwire.session.resume import ACK_EVERY, ResumeState
+
+IDENT = ModelIdentity(model_family="llama", model_id="tiny", model_hash="ab" * 32, hidden_dim=4, num_layers=2)
+
+
+def cfg(**kw: Any) -> SessionConfig:
+    return replace(SessionConfig(encodings=(Encoding.CL100K,), identity=IDENT), **kw)
+
+
+def drain(p: SessionProtocol) -> list[Any]:
+    out: list[Any] = []
+    while (e := p.next_event()) is not None:
+        out.append(e)
+    return out
+
+
+def deliver(src: SessionProtocol, dst: SessionProtocol, now: float = 0.0, lose: bool = False) -> list[Message]:
+    """Move src's outputs to dst (or drop them all when ``lose``); returns the DATA dst got."""
+    got = []
+    for out in src.data_to_send():
+        if lose or not isinstance(out, SendMessage):
+            continue
+        if isinstance(out.message, str):
+            m = dst.receive_text(out.message, now)
+        else:
+            m = dst.receive_binary(b"".join(bytes(p) for p in out.message), now)
+        if m is not None:
+            got.append(m)
+    return got
+
+
+def established(client_cfg: SessionConfig | None = None, server_cfg: SessionConfig | None = None) -> tuple[
+    SessionProtocol, SessionProtocol
+]:
+    client = SessionProtocol(Role.CLIENT, client_cfg or cfg(resume=True))
+    server = SessionProtocol(Role.SERVER, server_cfg or cfg())
+    client.initiate(0.0)
+    server.initiate(0.0)
+    deliver(client, server)
+    deliver(server, client)
+    assert isinstance(drain(client)[0], Established)
+    assert isinstance(drain(server)[0], Established)
+    return client, server
+
+
+def test_resume_is_negotiated_with_a_secret_token() -> None:
+    client, server = established()
+    assert client.resume is not None and server.resume is not None
+    assert client.resume.token == server.resume.token and len(client.resume.token) >= 40
+    # A client that does not offer it (reconnect off) gets today's session; so does a server
+    # with resume_window=0.
+    plain_client, plain_server = established(client_cfg=cfg())
+    assert plain_client.resume is None and plain_server.resume is None
+    off_client, off_server = established(server_cfg=cfg(resume_window=0))
+    assert off_client.resume is None and off_server.resume is None
+
+
+def test_acks_release_retention_at_a_bounded_rate() -> None:
+    client, server = established()
+    for i in range(ACK_EVERY * 3):
+        client.send(f"m{i}", 1.0)
+    assert client.resume is not None and client.resume.sent == ACK_EVERY * 3
+    assert len(deliver(client, server)) == ACK_EVERY * 3
+    acks = [json.loads(o.message) for o in server.data_to_send() if isinstance(o, SendMessage)]
+    assert [a["type"] for a in acks] == ["ACK"] * 3  # one per ACK_EVERY messages, not one per message
+    for a in acks:
+        client.receive_text(json.dumps(a), 2.0)
+    assert client.resume.retained_bytes == 0 and client.resume.acked == ACK_EVERY * 3
+
+
+def test_byte_bound_fills_and_a_quarter_of_the_peer_buffer_triggers_an_ack() -> None:
+    client, server = established(client_cfg=cfg(resume=True, resume_buffer_bytes=4000))
+    assert client.resume is not None
+    while not client.resume.full:
+        client.send("x" * 500, 1.0)
+    # the server acks at a quarter of the client's announced 4000 bytes: before the buffer fills
+    deliver(client, server)
+    deliver(server, client)
+    assert not client.resume.full and client.resume.retained_bytes < 1000
+
+
+def test_resume_retransmits_exactly_what_each_side_missed() -> None:
+    client, server = established()
+    client.send("c1", 1.0)
+    server.send("s1", 1.0)
+    assert [m.text for m in deliver(client, server)] == ["c1"]
+    assert [m.text for m in deliver(server, client)] == ["s1"]
+    # the connection dies with c2, c3 and s2 in flight, and more is sent while detached
+    client.send("c2", 2.0)
+    client.send({"c": 3}, 2.0)
+    server.send_frame(avp.encode_parts(np.ones(4, np.float32), avp.AVPMetadata()), 2.0)
+    deliver(client, server, lose=True)
+    deliver(server, client, lose=True)
+    client.transport_closed(None, 3.0)
+    server.transport_closed(None, 3.0)
+    assert isinstance(drain(client)[0], Detached) and isinstance(drain(server)[0], Detached)
+    assert client.detached and server.detached
+    client.send("c4", 4.0)  # retained only
+    assert client.data_to_send() == []
+    # a fresh server-side protocol gets the resuming HELLO and reports it
+    fresh = SessionProtocol(Role.SERVER, cfg())
+    fresh.initiate(5.0)
+    client.begin_resume(5.0)
+    deliver(client, fresh)
+    (request,) = drain(fresh)
+    assert isinstance(request, ResumeRequested) and request.session_id == server.session_id
+    assert request.received == 1 and server.resume_token_matches(request.token)
+    assert not server.resume_token_matches(request.token[:-1] + "A")
+    server.attach(request.received, 5.0)
+    got_by_client = deliver(server, client, 5.0)
+    assert [m.kind for m in got_by_client] == ["avp"]
+    assert isinstance(drain(server)[-1], Resumed)
+    got_by_server = deliver(client, server, 5.0)
+    assert [m.text for m in got_by_server] == ["c2", '{"c":3}', "c4"]
+    assert [type(e) for e in drain(client)] == [Resumed]
+    assert client.stats.reconnects == server.stats.reconnects == 1
+    assert client.stats.retransmitted == 3 and server.stats.retransmitted == 1
+    # and the session goes on, numbering continuing
+    client.send("c5", 6.0)
+    assert [m.text for m in deliver(client, server)] == ["c5"]
+    assert server.resume is not None and server.resume.received == 5
+
+
+def test_missed_pongs_detach_instead_of_closing() -> None:
+    client, _server = established()
+    t = client.config.timers
+    now = t.ping_interval + 0.1
+    client.handle_timer(now)  # PING
+    client.data_to_send()
+    for _ in range(t.max_missed_pongs):
+        now += t.pong_timeout + 0.1
+        client.handle_timer(now)
+    events = drain(client)
+    assert [type(e) for e in events] == [Detached] and client.state.value == "ESTABLISHED"
+
+
+def test_window_expiry_ends_the_server_session_with_resume_expired() -> None:
+    _client, server = established(server_cfg=cfg(resume_window=2.0))
+    server.transport_closed(None, 10.0)
+    drain(server)
+    assert server.next_deadline() == 12.0
+    server.handle_timer(12.0)
+    (closed,) = drain(server)
+    assert isinstance(closed, Closed) and closed.code == "RESUME_EXPIRED"
+    assert isinstance(closed.error, SessionClosed) and closed.error.code == "RESUME_EXPIRED"
+
+
+def test_refused_resume_ends_the_client_session_with_the_code() -> None:
+    client, server = established()
+    client.transport_closed(None, 1.0)
+    drain(client)
+    fresh = SessionProtocol(Role.SERVER, cfg())
+    fresh.initiate(2.0)
+    client.begin_resume(2.0)
+    deliver(client, fresh)
+    drain(fresh)
+    fresh.refuse_resume("RESUME_REFUSED", "wrong token")
+    deliver(fresh, client)
+    (closed,) = drain(client)
+    assert isinstance(closed, Closed) and closed.code == "RESUME_REFUSED"
+    assert isinstance(closed.error, SessionClosed) and closed.error.code == "RESUME_REFUSED"
+
+
+def test_a_server_with_resume_off_rejects_a_resuming_hello() -> None:
+    client, _server = established()
+    client.transport_closed(None, 1.0)
+    drain(client)
+    off = SessionProtocol(Role.SERVER, cfg(resume_window=0))
+    off.initiate(2.0)
+    client.begin_resume(2.0)
+    deliver(client, off)
+    deliver(off, client)
+    closed = drain(client)[-1]
+    assert isinstance(closed, Closed) and closed.code == "RESUME_UNKNOWN"
+
+
+def test_ack_beyond_what_was_sent_is_a_protocol_error() -> None:
+    state = ResumeState(1000, 1000, "t")
+    state.on_sent("abc", 3)
+    with pytest.raises(ProtocolError):
+        state.on_ack(2)
+    assert state.on_ack(1) == 1 and state.retained_bytes == 0
+    with pytest.raises(ProtocolError):  # a peer cannot resume behind what it acknowledged
+        state.replay(0)
+
+
+def test_session_timeout_none_never_closes_an_idle_session() -> None:
+    from m2mwire.session.config import Timers
+
+    client, server = established(client_cfg=cfg(resume=True, timers=Timers(session_timeout=None)))
+    now = 0.0
+    for _ in range(200):  # 200 ping rounds, 2000 s without DATA, PINGs answered
+        now += client.config.timers.ping_interval + 0.01
+        client.handle_timer(now)
+        deliver(client, server, now)
+        deliver(server, client, now)
+    assert client.state.value == "ESTABLISHED" and drain(client) == []
