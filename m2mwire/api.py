@@ -11,10 +11,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 import ssl as ssl_module
 import uuid
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -43,6 +44,7 @@ from m2mwire.options import (
     parse_url,
     split_options,
 )
+from m2mwire.reconnect import Reconnect, parse_reconnect
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, SessionConfig, transport_limit
 from m2mwire.session.core import (
     AVP_MORE_KEY,
@@ -51,9 +53,12 @@ from m2mwire.session.core import (
     AVP_RESERVED_PREFIX,
     Closed,
     CloseTransport,
+    Detached,
     Established,
     HelloReceived,
     Message,
+    Resumed,
+    ResumeRequested,
     Role,
     SendMessage,
     SentInfo,
@@ -78,6 +83,15 @@ _CLOSE_RECEIVED = State.CLOSE_RECEIVED
 _ALGORITHMS: dict[str, Algorithm] = {a.value: a for a in Algorithm}
 _MAX_OUTPUT_BACKLOG = 64  # queued control messages (PONGs, ...) before we stop reading the peer
 _QUIC_CLIENT_OPTIONS = ("cafile", "cadata", "fingerprint", "insecure", "server_name", "idle_timeout")
+_ENDED_IDS_KEPT = 10_000  # ids of ended resumable sessions a server remembers (RESUME_EXPIRED vs _UNKNOWN)
+
+
+class _HandedOver(M2MError):
+    """Server: this connection's resuming HELLO moved it to the session it resumes."""
+
+
+def _ignore(_arg: object) -> None:
+    """Callbacks of a channel the session left: it is aborted, what it still says is moot."""
 
 
 class Session:
@@ -128,6 +142,22 @@ class Session:
         # write_timeout timer watching it.
         self._inflight: asyncio.Task[None] | None = None
         self._write_timer: asyncio.TimerHandle | None = None
+        # Resume (docs/PROTOCOL.md "Resume"): a client reconnects with _reconnect, opening channels
+        # with _reopen; a server's fresh connection asks _resumer to move it to the session it
+        # resumes. send() waits in _space_waiters while the retention buffer is full.
+        self._reconnect: Reconnect | None = None
+        self._reopen: Callable[[], Awaitable[Channel]] | None = None
+        self._reconnecting: asyncio.Task[None] | None = None
+        self._resumer: Callable[[Session, ResumeRequested], None] | None = None
+        self._handed_over = False
+        self._handed_to: Session | None = None
+        self._space_waiters: list[asyncio.Future[None]] = []
+        self._attached = asyncio.Event()  # set while the session has a live connection
+        self._attached.set()
+        self._outcome: asyncio.Future[str] | None = None  # client: how a resume attempt ended
+        # Done when the session stops using its current channel: a server's fresh connection
+        # handed over to this session waits for it (its transport closes when it returns).
+        self._channel_done: asyncio.Future[None] = self._loop.create_future()
 
     # -- public API ------------------------------------------------------------------------------
 
@@ -318,6 +348,9 @@ class Session:
         more: bool = False,
         trace: Mapping[str, str] | None = None,
     ) -> SentInfo:
+        resume = self._protocol.resume
+        if resume is not None and resume.full:
+            await self._wait_space()
         now = self._loop.time()
         if type(content) is str or isinstance(content, str | dict | list):
             if extra is not None:
@@ -382,6 +415,52 @@ class Session:
             raise closed_error(self._protocol.closed)
         return sent
 
+    async def _wait_space(self) -> None:
+        """Wait until the peer acknowledged enough for the retention buffer to take more (or the
+        session ended: send() then raises as usual)."""
+        resume = self._protocol.resume
+        while resume is not None and resume.full and not self._closed.is_set():
+            waiter = self._loop.create_future()
+            self._space_waiters.append(waiter)
+            await waiter
+
+    async def _deliver_retained(self) -> None:
+        """Before an orderly close on a resumable session: wait until the peer acknowledged every
+        DATA message we sent, across resumes, so a connection lost during the close handshake
+        loses nothing. Bounded: a detached session ends after resume_window (server) or
+        max_elapsed (client); connected, each round trip gets close_timeout."""
+        protocol = self._protocol
+        resume = protocol.resume
+        timeout = protocol.config.timers.close_timeout
+        while resume is not None and resume.acked < resume.sent and not self._closed.is_set():
+            if protocol.detached:
+                closed = asyncio.ensure_future(self._closed.wait())
+                attached = asyncio.ensure_future(self._attached.wait())
+                try:
+                    await asyncio.wait((closed, attached), return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    closed.cancel()
+                    attached.cancel()
+                continue
+            acked = resume.acked
+            protocol.request_ack(self._loop.time())
+            self._after_protocol_step()
+            self._writer_wakeup.set()
+            waiter = self._loop.create_future()
+            self._space_waiters.append(waiter)
+            try:
+                async with asyncio.timeout(timeout):
+                    await waiter
+            except TimeoutError:
+                if resume.acked == acked and not protocol.detached:
+                    return  # the peer acknowledges nothing: close anyway (close_timeout)
+
+    def _wake_senders(self) -> None:
+        waiters, self._space_waiters = self._space_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
     async def recv(self) -> Message:
         """The next message, in order. Raises SessionClosed once the session is over and drained."""
         inbox = self._inbox
@@ -436,10 +515,15 @@ class Session:
 
         If the peer closed first, this acknowledges its CLOSE after whatever was sent before.
         Messages received before the end stay readable with recv() afterwards.
+
+        A session waiting to be resumed first waits for its connection to come back (at most the
+        server's resume_window, the client's max_elapsed), so retained messages are delivered.
         """
         await self._close(reason)
 
-    async def _close(self, reason: str, code: str = "NORMAL") -> None:
+    async def _close(self, reason: str, code: str = "NORMAL", *, wait_resume: bool = True) -> None:
+        if wait_resume and self._protocol.resume is not None:
+            await self._deliver_retained()
         timeout = self._protocol.config.timers.close_timeout
         self._closing = True
         self._update_reading()  # the acknowledgement must be readable even if the inbox is full
@@ -473,11 +557,8 @@ class Session:
         else:
             self._protocol.initiate(self._loop.time())
         self._tasks = [asyncio.create_task(self._writer(), name="m2mwire-writer")]
-        if isinstance(self._channel, PushChannel):
-            self._push = True
-            self._channel.start_push(self._feed, self._on_transport_closed)
-        else:
-            self._tasks.append(asyncio.create_task(self._reader(), name="m2mwire-reader"))
+        self._push = isinstance(self._channel, PushChannel)
+        self._start_reading(self._channel)
         self._after_protocol_step()
         await self._write_pending()
         try:
@@ -485,6 +566,101 @@ class Session:
         except BaseException:
             await self._shutdown()
             raise
+
+    def _start_reading(self, channel: Channel) -> None:
+        """Feed what ``channel`` receives to the protocol; its loss counts only while it is ours."""
+        if self._push:
+            cast(PushChannel, channel).start_push(self._feed, functools.partial(self._channel_lost, channel))
+            if self._paused:
+                cast(PushChannel, channel).pause_reading()
+        else:
+            self._tasks.append(asyncio.create_task(self._reader(channel), name="m2mwire-reader"))
+
+    def _channel_lost(self, channel: Channel, exc: TransportError) -> None:
+        if channel is self._channel and not self._handed_over:
+            self._on_transport_closed(exc)
+
+    def _drop_channel(self) -> None:
+        """Abort the current channel and stop listening to it (resume: the session outlives it)."""
+        channel = self._channel
+        if self._push:
+            cast(PushChannel, channel).start_push(_ignore, _ignore)
+        self._abort_channel()
+        if not self._channel_done.done():
+            self._channel_done.set_result(None)
+
+    def _use_channel(self, channel: Channel) -> None:
+        self._channel = channel
+        if self._channel_done.done():
+            self._channel_done = self._loop.create_future()
+        self._transport_closed = False
+        self._send_now = channel.send_now if isinstance(channel, DirectSendChannel) else None
+        info = self._protocol.info
+        if info is not None and info.max_payload:
+            channel.set_max_message_size(transport_limit(info.max_payload))
+
+    def _take_over(self, channel: Channel, peer_received: int) -> None:
+        """Server: continue this session on a resuming client's ``channel``."""
+        protocol = self._protocol
+        if not protocol.detached:
+            # The client saw the old connection die before we did: drop it now.
+            protocol.transport_closed(TransportError("replaced by a resumed connection"), self._loop.time())
+            self._after_protocol_step()
+        self._use_channel(channel)
+        protocol.attach(peer_received, self._loop.time())
+        self._start_reading(channel)
+        self._after_protocol_step()
+        self._writer_wakeup.set()
+
+    def _hand_over(self, to: Session) -> Channel:
+        """Server, fresh connection: give the channel away to the session it resumes."""
+        self._handed_over = True
+        self._handed_to = to
+        for task in self._tasks:
+            if task is not asyncio.current_task():
+                task.cancel()  # the reader waits in recv(): cancelling there consumes nothing
+        if self._timer_handle is not None:
+            self._timer_handle.cancel()
+            self._timer_handle = self._timer_at = None
+        if not self._established.done():
+            self._established.set_exception(_HandedOver("moved to the resumed session"))
+        return self._channel
+
+    async def _reconnect_loop(self) -> None:
+        """Client: open new connections (backoff with jitter) until the session resumes, the
+        server refuses, or max_elapsed passes (RECONNECT_GAVE_UP)."""
+        policy, reopen, protocol = self._reconnect, self._reopen, self._protocol
+        assert policy is not None and reopen is not None
+        loop = self._loop
+        give_up_at = loop.time() + policy.max_elapsed
+        delays = policy.delays()
+        attempts = 0
+        while protocol.detached:
+            attempts += 1
+            try:
+                async with asyncio.timeout(max(0.0, give_up_at - loop.time())):
+                    channel = await reopen()
+            except (OSError, M2MError, TimeoutError) as exc:
+                log.info("session %s: reconnect attempt %d failed: %s", protocol.session_id, attempts, exc)
+            else:
+                self._outcome = loop.create_future()
+                self._use_channel(channel)
+                protocol.begin_resume(loop.time())
+                self._start_reading(channel)
+                self._after_protocol_step()
+                self._writer_wakeup.set()
+                if await self._outcome != "detached":
+                    return  # resumed, or the server refused (the session is closed)
+            wait = next(delays)
+            if loop.time() + wait >= give_up_at:
+                break
+            await asyncio.sleep(wait)
+        if protocol.detached:
+            protocol.give_up(
+                f"could not resume within {policy.max_elapsed:g} s after {attempts} attempt(s) "
+                "(reconnect max_elapsed=)"
+            )
+            self._after_protocol_step()
 
     def _avp_parts(self, content: object, extra: Mapping[str, str] | None = None) -> Sequence[Buffer]:
         if extra is not None and not isinstance(content, np.ndarray):
@@ -540,8 +716,25 @@ class Session:
                     self._established.set_result(event.info)
             elif isinstance(event, HelloReceived):
                 self._tasks.append(asyncio.create_task(self._admit(event), name="m2mwire-admission"))
+            elif isinstance(event, Detached):
+                self._on_detached()
+            elif isinstance(event, Resumed):
+                self._attached.set()
+                self._settle("resumed")
+                self._writer_wakeup.set()
+                log.info(
+                    "session %s resumed on %s; %d message(s) retransmitted",
+                    self._protocol.session_id,
+                    self._channel.remote_address,
+                    event.retransmitted,
+                )
+            elif isinstance(event, ResumeRequested):
+                self._loop.call_soon(self._resume_requested, event)
             else:
                 self._mark_closed(event)
+                self._settle("closed")
+        if self._space_waiters and not (self._protocol.resume is not None and self._protocol.resume.full):
+            self._wake_senders()  # also wakes _deliver_retained after each ACK
         if (
             protocol.state is _CLOSE_RECEIVED
             and not self._inbox
@@ -550,6 +743,26 @@ class Session:
             self._acknowledge_close()  # the application waits in recv(): it has taken everything
             return
         self._arm_timer()
+
+    def _settle(self, outcome: str) -> None:
+        if self._outcome is not None and not self._outcome.done():
+            self._outcome.set_result(outcome)
+
+    def _on_detached(self) -> None:
+        self._attached.clear()
+        self._drop_channel()
+        self._settle("detached")
+        if self._reconnect is not None and (self._reconnecting is None or self._reconnecting.done()):
+            self._reconnecting = asyncio.create_task(self._reconnect_loop(), name="m2mwire-reconnect")
+            self._tasks.append(self._reconnecting)
+
+    def _resume_requested(self, event: ResumeRequested) -> None:
+        """Server, fresh connection (run soon after, not inside the protocol step that asked)."""
+        if self._protocol.state is not State.INITIAL or self._resumer is None:
+            return
+        self._resumer(self, event)
+        self._after_protocol_step()
+        self._writer_wakeup.set()
 
     async def _admit(self, event: HelloReceived) -> None:
         """Server: run the admission rules on a HELLO and give the core the verdict."""
@@ -603,6 +816,7 @@ class Session:
             self._established.exception()  # mark retrieved: a server may never await it
         self._closed.set()
         self._wake_receivers()
+        self._wake_senders()
         self._correlator.fail_all(closed_error(event))
         if self._opened_at is not None and self._protocol.info is not None:
             _log_closed(self._protocol.info, event, self.stats, self._loop.time() - self._opened_at)
@@ -629,11 +843,13 @@ class Session:
                     if isinstance(out, CloseTransport):
                         await self._close_channel(out.code, out.reason)
                     elif not self._transport_closed:
+                        channel = self._channel
                         try:
                             if (task := self._start_write(out.message)) is not None:
                                 await asyncio.shield(task)
                         except TransportError as exc:
-                            self._on_transport_closed(exc)
+                            if channel is self._channel:
+                                self._on_transport_closed(exc)
                     if self._paused:
                         self._update_reading()
             finally:
@@ -697,6 +913,8 @@ class Session:
             else:
                 message = proto.receive_binary(data, self._loop.time())
             if message is not None:  # DATA, and nothing else happened: no event, output or timer
+                if proto.resume is not None and proto.has_output:
+                    self._writer_wakeup.set()  # an ACK (resume) is the one output DATA may cause
                 if message.reply_to is not None:  # an answer to one of our requests
                     self._correlator.route(message)
                     correlator = self._correlator
@@ -765,20 +983,22 @@ class Session:
             else:
                 channel.resume_reading()
 
-    async def _reader(self) -> None:
+    async def _reader(self, channel: Channel) -> None:
         """Pull-mode channels (e.g. QUIC): read, feed, and stop reading while the inbox is full."""
-        while self._protocol.state is not State.CLOSED:
+        while self._protocol.state is not State.CLOSED and channel is self._channel and not self._handed_over:
             await self._resume_reading.wait()
             try:
-                data = await self._channel.recv()
+                data = await channel.recv()
             except TransportError as exc:
-                self._on_transport_closed(exc)
+                self._channel_lost(channel, exc)
                 return
+            if channel is not self._channel or self._handed_over:
+                return  # the session moved on: this channel is aborted, what it says is moot
             self._feed(data)
 
     def _on_transport_closed(self, exc: TransportError) -> None:
         self._transport_closed = True
-        self._protocol.transport_closed(None if exc.clean else exc)
+        self._protocol.transport_closed(None if exc.clean else exc, self._loop.time())
         self._after_protocol_step()
         self._writer_wakeup.set()  # to end
         self._release_references()
@@ -803,6 +1023,12 @@ class Session:
         self._channel.abort()
 
     async def _shutdown(self) -> None:
+        if self._handed_over:  # the channel now belongs to the resumed session
+            current = asyncio.current_task()
+            for task in self._tasks:
+                if task is not current:
+                    task.cancel()
+            return
         # Put out what the protocol queued last (REJECT, CLOSE), briefly.
         if not self._transport_closed:
             with contextlib.suppress(Exception):
@@ -812,6 +1038,8 @@ class Session:
             self._protocol.transport_closed()
             self._after_protocol_step()
         await self._close_channel(1000, "")
+        if not self._channel_done.done():
+            self._channel_done.set_result(None)
         if self._timer_handle is not None:
             self._timer_handle.cancel()
             self._timer_handle = self._timer_at = None
@@ -1015,12 +1243,24 @@ class connect:
 
     def __init__(self, url: str, **options: Unpack[ConnectOptions]) -> None:
         self._endpoint = parse_url(url)
-        self._config, self._topts = split_options(dict(options), "connect", self._endpoint)
+        options = dict(options)
+        reconnect = parse_reconnect(options.pop("reconnect", None))
+        self._config, self._topts = split_options(options, "connect", self._endpoint)
+        self._reconnect = reconnect
+        if reconnect is not None:
+            self._config = dataclasses.replace(self._config, resume=True)
         self._session: Session | None = None
 
+    def _new_channel(self) -> Awaitable[Channel]:
+        return _open_channel(self._endpoint, self._config, self._topts)
+
     async def _open(self) -> Session:
-        channel = await _open_channel(self._endpoint, self._config, self._topts)
+        channel = await self._new_channel()
         session = Session(channel, SessionProtocol(Role.CLIENT, self._config))
+        if self._reconnect is not None:
+            # Only after the first handshake: a first connect() that fails raises as before.
+            session._reconnect = self._reconnect
+            session._reopen = self._new_channel
         await session._start()
         await _warm_tokenizers(session.info, self._config)
         self._session = session
@@ -1095,6 +1335,8 @@ class Server:
         self._config, self._topts = split_options(options, "serve", self._endpoint)
         self._active: set[str] = set()
         self._sessions: set[Session] = set()
+        self._resumable: dict[str, Session] = {}  # established sessions that negotiated resume
+        self._ended_ids: OrderedDict[str, str] = OrderedDict()  # recently ended: id -> how
         self._ended = Stats()  # sums over sessions that have ended
         self._opened = self._refused = 0
         self._handler_tasks: set[asyncio.Task[Any]] = set()
@@ -1144,6 +1386,7 @@ class Server:
             ),
         )
         session._admission = admission
+        session._resumer = self._resume
         self._sessions.add(session)
         task = asyncio.current_task()
         if task is not None:
@@ -1151,12 +1394,22 @@ class Server:
         try:
             try:
                 info = await session._start()
+            except _HandedOver:
+                # The transport closes the connection when this returns: keep it open while
+                # the resumed session uses it.
+                target = session._handed_to
+                assert target is not None
+                while target._channel is channel and not target._channel_done.done():
+                    await asyncio.shield(target._channel_done)
+                return
             except M2MError as exc:
                 if isinstance(exc, SessionRejected):
                     self._refused += 1
                 log.info("session from %s not established: %s", channel.remote_address, exc)
                 return
             self._opened += 1
+            if session._protocol.resume is not None:
+                self._resumable[info.session_id] = session
             await _warm_tokenizers(info, self._config)
             try:
                 with tracing.use(session._span):  # the handler's own spans join the session's trace
@@ -1172,6 +1425,7 @@ class Server:
             # Tell the peer the session failed (not a clean end): CLOSE INTERNAL_ERROR, then 1011.
             await session._close(f"the server's handler failed ({type(exc).__name__})", "INTERNAL_ERROR")
         finally:
+            self._forget_resumable(session)
             if task is not None:
                 self._handler_tasks.discard(task)
             self._sessions.discard(session)
@@ -1182,6 +1436,41 @@ class Server:
             if session._admitted_host is not None:
                 admission.release(session._admitted_host)
                 session._admitted_host = None
+
+    def _forget_resumable(self, session: Session) -> None:
+        sid = session._protocol.session_id
+        if sid is None or self._resumable.get(sid) is not session:
+            return
+        del self._resumable[sid]
+        closed = session._protocol.closed
+        self._ended_ids[sid] = closed.code if closed is not None else "NORMAL"
+        while len(self._ended_ids) > _ENDED_IDS_KEPT:
+            self._ended_ids.popitem(last=False)
+
+    def _resume(self, fresh: Session, request: ResumeRequested) -> None:
+        """A fresh connection's HELLO resumes ``request.session_id``: move the connection to that
+        session, or answer REJECT with why not. The token is compared in constant time; an
+        unknown id and a wrong token are told apart only by someone holding the right token."""
+        target = self._resumable.get(request.session_id)
+        if target is None or target._protocol.state is State.CLOSED:
+            ended = self._ended_ids.get(request.session_id)
+            if ended == "RESUME_EXPIRED":
+                fresh._protocol.refuse_resume(
+                    "RESUME_EXPIRED",
+                    f"the session waited {self._config.resume_window:g} s (resume_window) and ended",
+                )
+            elif ended is not None:
+                fresh._protocol.refuse_resume("RESUME_UNKNOWN", f"the session has ended ({ended})")
+            else:
+                fresh._protocol.refuse_resume(
+                    "RESUME_UNKNOWN", "this server does not know the session (it may have restarted)"
+                )
+            return
+        if not target._protocol.resume_token_matches(request.token):
+            fresh._protocol.refuse_resume("RESUME_REFUSED", "wrong resume token for this session")
+            return
+        channel = fresh._hand_over(target)
+        target._take_over(channel, request.received)
 
     async def start(self) -> Server:
         ep = self._endpoint
@@ -1241,7 +1530,7 @@ class Server:
         the CLOSE exchange short.
         """
         timeout = self._config.timers.close_timeout
-        closing = [s.close("server shutting down") for s in list(self._sessions)]
+        closing = [s._close("server shutting down", wait_resume=False) for s in list(self._sessions)]
         if closing:
             # Session.close() bounds itself; this only guards the sum of its steps.
             with contextlib.suppress(TimeoutError):

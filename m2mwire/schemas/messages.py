@@ -22,13 +22,13 @@ from m2mwire.schemas.identity import ModelIdentity
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "AckPayload",
     "Capabilities",
     "ClosePayload",
     "CompressionCaps",
     "DataPayload",
     "Envelope",
     "LatentCaps",
-    "AckPayload",
     "MessageType",
     "Rejection",
     "ResumeCaps",
@@ -416,7 +416,8 @@ def json_schema() -> dict[str, Any]:
         "title": "m2mwire session messages",
         "description": (
             "Envelope {type, session_id?, payload?, timestamp}. payload is Capabilities for HELLO/ACCEPT, "
-            "Rejection for REJECT, DataPayload for DATA, ClosePayload for CLOSE, AckPayload for ACK and {} for PING/PONG."
+            "Rejection for REJECT, DataPayload for DATA, ClosePayload for CLOSE, AckPayload for ACK "
+            "and {} for PING/PONG."
         ),
         "$ref": "#/$defs/Envelope",
         "$defs": components,

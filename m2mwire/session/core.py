@@ -964,12 +964,12 @@ class SessionProtocol:
         """Act on every deadline that has passed."""
         t = self.config.timers
         if self._resume_deadline is not None and now >= self._resume_deadline:
-            err = SessionClosed(
+            expired = SessionClosed(
                 f"the client did not resume the session within {self.config.resume_window:g} s "
                 "(resume_window)",
                 code="RESUME_EXPIRED",
             )
-            self._finish(Closed("RESUME_EXPIRED", str(err), by_peer=False, error=err), None)
+            self._finish(Closed("RESUME_EXPIRED", str(expired), by_peer=False, error=expired), None)
             return
         if self._hello_deadline is not None and now >= self._hello_deadline:
             if self._resuming:
@@ -1025,7 +1025,12 @@ class SessionProtocol:
         """The earliest time at which handle_timer() has something to do."""
         t = self.config.timers
         live = self._live
-        if self.state is _ESTABLISHED and self._hello_deadline is None and self._close_deadline is None and live:
+        if (
+            self.state is _ESTABLISHED
+            and self._hello_deadline is None
+            and self._close_deadline is None
+            and live
+        ):
             # the per-message case: only the ping (or pong) and session deadlines are armed
             ping = self._pong_deadline
             if ping is None:
@@ -1179,12 +1184,12 @@ class SessionProtocol:
     def _on_reject(self, _sid: str | None, payload: Any, _now: float) -> None:
         if self._resuming:
             assert isinstance(payload, Rejection)
-            err = SessionClosed(
+            refused = SessionClosed(
                 f"cannot resume the session: {payload.code}: {payload.message}",
                 code=payload.code,
                 reason=payload.message,
             )
-            self._finish(Closed(payload.code, payload.message, by_peer=True, error=err), CLOSE_NORMAL)
+            self._finish(Closed(payload.code, payload.message, by_peer=True, error=refused), CLOSE_NORMAL)
             return
         if self.role is not Role.CLIENT or self.state is not State.HELLO_SENT:
             self._protocol_violation(f"unexpected REJECT in state {self.state.value}", "UNEXPECTED_MESSAGE")
@@ -1245,7 +1250,7 @@ class SessionProtocol:
             self._send_ack()  # a quiet moment: release what the peer retains for us
 
     def _on_ack(self, _sid: str | None, payload: Any, _now: float) -> None:
-        if self.resume is None or self.state is not _ESTABLISHED and self.state is not _CLOSING:
+        if self.resume is None or (self.state is not _ESTABLISHED and self.state is not _CLOSING):
             log.warning("ignoring ACK on a session without resume")
             return
         assert isinstance(payload, AckPayload)
@@ -1335,7 +1340,9 @@ class SessionProtocol:
         """Server: a resuming client's connection now carries this (detached) session. Queues the
         ACCEPT with our count of DATA received, then every DATA message the client did not get."""
         if self.resume is None or self.state is not _ESTABLISHED or self.attached:
-            raise ProtocolError("attach() needs a detached session that negotiated resume", code="INVALID_STATE")
+            raise ProtocolError(
+                "attach() needs a detached session that negotiated resume", code="INVALID_STATE"
+            )
         self.attached = True
         self._resume_deadline = None
         accept = self._own_capabilities()
@@ -1347,15 +1354,33 @@ class SessionProtocol:
         """Client: a new connection is open; say HELLO with the session id, token and our count."""
         r = self.resume
         if r is None or self.state is not _ESTABLISHED or self.attached:
-            raise ProtocolError("begin_resume() needs a detached session that negotiated resume", code="INVALID_STATE")
+            raise ProtocolError(
+                "begin_resume() needs a detached session that negotiated resume", code="INVALID_STATE"
+            )
         self.attached = True
         self._resuming = True
         caps = self._own_capabilities()
         caps.resume = ResumeCaps(
-            buffer=self.config.resume_buffer_bytes, session_id=self._session_id, token=r.token, received=r.take_ack()
+            buffer=self.config.resume_buffer_bytes,
+            session_id=self._session_id,
+            token=r.token,
+            received=r.take_ack(),
         )
         self._send_text(encode_message(MessageType.HELLO, caps))
         self._hello_deadline = now + self.config.timers.hello_timeout
+
+    def request_ack(self, now: float) -> None:
+        """Ask the peer for its count now (a PING: the PONG comes with an ACK when one is due),
+        e.g. before an orderly close, so the close waits until every DATA message arrived."""
+        if self._live and self.state is _ESTABLISHED and self._pong_deadline is None:
+            self._ping(now)
+
+    def give_up(self, message: str) -> None:
+        """Client: reconnecting failed for good; end the session with RECONNECT_GAVE_UP."""
+        if not self.detached:
+            return
+        err = SessionClosed(f"connection lost and not resumed: {message}", code="RECONNECT_GAVE_UP")
+        self._finish(Closed("RECONNECT_GAVE_UP", message, by_peer=False, error=err), None)
 
     def _on_resume_accept(self, sid: str | None, payload: Any, now: float) -> None:
         assert isinstance(payload, Capabilities)

@@ -20,8 +20,8 @@ from m2mwire.session.core import (
     Detached,
     Established,
     Message,
-    ResumeRequested,
     Resumed,
+    ResumeRequested,
     Role,
     SendMessage,
     SessionProtocol,
@@ -42,7 +42,9 @@ def drain(p: SessionProtocol) -> list[Any]:
     return out
 
 
-def deliver(src: SessionProtocol, dst: SessionProtocol, now: float = 0.0, lose: bool = False) -> list[Message]:
+def deliver(
+    src: SessionProtocol, dst: SessionProtocol, now: float = 0.0, lose: bool = False
+) -> list[Message]:
     """Move src's outputs to dst (or drop them all when ``lose``); returns the DATA dst got."""
     got = []
     for out in src.data_to_send():
@@ -57,9 +59,9 @@ def deliver(src: SessionProtocol, dst: SessionProtocol, now: float = 0.0, lose: 
     return got
 
 
-def established(client_cfg: SessionConfig | None = None, server_cfg: SessionConfig | None = None) -> tuple[
-    SessionProtocol, SessionProtocol
-]:
+def established(
+    client_cfg: SessionConfig | None = None, server_cfg: SessionConfig | None = None
+) -> tuple[SessionProtocol, SessionProtocol]:
     client = SessionProtocol(Role.CLIENT, client_cfg or cfg(resume=True))
     server = SessionProtocol(Role.SERVER, server_cfg or cfg())
     client.initiate(0.0)
