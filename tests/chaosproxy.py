@@ -25,6 +25,7 @@ class TcpChaosProxy:
         self.rng = random.Random(seed)
         self.cuts = 0
         self.connections = 0
+        self.refusing = False  # reset new connections at once (a server that is unreachable)
         self._server: asyncio.Server | None = None
         self._pairs: set[tuple[asyncio.StreamWriter, asyncio.StreamWriter]] = set()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -37,6 +38,9 @@ class TcpChaosProxy:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
+        if self.refusing:
+            writer.transport.abort()
+            return
         try:
             up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
         except OSError:

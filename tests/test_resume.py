@@ -1,0 +1,334 @@
+"""Reconnect and resume over real servers on loopback (issue 14, docs/PROTOCOL.md "Resume").
+
+Chaos tests put a proxy between client and server that breaks the connection (WebSocket: a TCP
+close or reset mid-frame; QUIC: a blackholed UDP path until the connection is declared dead) while
+text, JSON and AVP messages of random sizes flow both ways: each side must receive every message
+exactly once and in order. The 10,000-message / 1 MiB version is ``benchmarks/bench_resume.py
+--full``; these are sized to run in seconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+import numpy as np
+import pytest
+
+import m2mwire
+from m2mwire import avp
+from m2mwire.api import Server, Session
+from m2mwire.errors import ConfigError, SessionClosed, TransportError
+from m2mwire.reconnect import Reconnect
+from m2mwire.schemas.identity import ModelIdentity
+from tests.chaosproxy import TcpChaosProxy, UdpChaosProxy
+
+IDENT = ModelIdentity(
+    model_family="llama", model_id="tiny", model_hash="ab" * 32, hidden_dim=16, num_layers=2
+)
+FAST = Reconnect(initial_delay=0.01, max_delay=0.1, max_elapsed=10.0)
+# QUIC: a blackholed path is declared dead after ping_interval + 2 * pong_timeout = 0.6 s.
+QUIC_TIMERS = {"ping_interval": 0.2, "pong_timeout": 0.2, "max_missed_pongs": 2}
+
+
+def workload(seed: int, count: int, max_size: int) -> list[Any]:
+    """Text, JSON and AVP tensors of random sizes (1 B up to max_size), reproducible."""
+    rng = random.Random(seed)
+    out: list[Any] = []
+    for i in range(count):
+        size = int(rng.uniform(0, 1) ** 3 * max_size) + 1  # mostly small, some large
+        kind = rng.choice(("text", "text", "json", "avp"))
+        if kind == "text":
+            out.append(f"{i}:" + "x" * size)
+        elif kind == "json":
+            out.append({"i": i, "data": "y" * size})
+        else:
+            out.append(np.random.default_rng(i).random(max(1, size // 4), dtype=np.float32))
+    return out
+
+
+def same(sent: Any, got: m2mwire.Message) -> bool:
+    if isinstance(sent, str):
+        return got.kind == "text" and got.text == sent
+    if isinstance(sent, dict):
+        return got.kind == "json" and got.value == sent
+    return got.kind == "avp" and got.avp is not None and bytes(got.avp.payload) == sent.tobytes()
+
+
+def check_exactly_once_in_order(sent: list[Any], got: list[m2mwire.Message]) -> None:
+    assert len(got) == len(sent), f"{len(got)} received of {len(sent)} sent"
+    wrong = [i for i, (s, g) in enumerate(zip(sent, got, strict=True)) if not same(s, g)]
+    assert not wrong, f"messages out of order, lost or duplicated from index {wrong[0]}"
+
+
+async def exchange(session: Session, outgoing: list[Any], expected: int) -> list[m2mwire.Message]:
+    got: list[m2mwire.Message] = []
+
+    async def rx() -> None:
+        for _ in range(expected):
+            got.append(await session.recv())
+
+    async def tx() -> None:
+        for item in outgoing:
+            await session.send(item)
+
+    await asyncio.gather(rx(), tx())
+    return got
+
+
+async def chaos_run(scheme: str, count: int, max_size: int, seed: int) -> tuple[Session, Any]:
+    to_server = workload(seed, count, max_size)
+    to_client = workload(seed + 1, count, max_size)
+    server_got: list[m2mwire.Message] = []
+    done = asyncio.Event()
+
+    async def handler(session: Session) -> None:
+        server_got.extend(await exchange(session, to_client, count))
+        done.set()
+        await session.wait_closed()
+
+    extra: dict[str, Any] = {"timers": QUIC_TIMERS} if scheme == "quic" else {}
+    async with m2mwire.serve(handler, f"{scheme}://127.0.0.1:0", identity=IDENT, **extra) as server:
+        proxy: TcpChaosProxy | UdpChaosProxy
+        if scheme == "ws":
+            proxy = await TcpChaosProxy(server.port, cut_after=(50_000, 400_000), seed=seed).start()
+        else:
+            proxy = await UdpChaosProxy(server.port).start()
+        blackholes: asyncio.Task[None] | None = None
+        try:
+            opts: dict[str, Any] = {"fingerprint": server.fingerprint} if server.fingerprint else {}
+            if scheme == "quic":
+                opts |= {"timers": QUIC_TIMERS, "open_timeout": 0.3}
+            async with m2mwire.connect(
+                f"{scheme}://127.0.0.1:{proxy.port}", reconnect=FAST, identity=IDENT, **opts
+            ) as session:
+                if isinstance(proxy, UdpChaosProxy):
+                    blackholes = asyncio.create_task(
+                        blackhole_during(proxy, session, count, random.Random(seed))
+                    )
+                client_got = await exchange(session, to_server, count)
+                if blackholes is not None:
+                    blackholes.cancel()
+                async with asyncio.timeout(20):
+                    await done.wait()
+                check_exactly_once_in_order(to_client, client_got)
+                check_exactly_once_in_order(to_server, server_got)
+                return session, proxy
+        finally:
+            if blackholes is not None:
+                blackholes.cancel()
+            await proxy.close()
+
+
+async def blackhole_during(proxy: UdpChaosProxy, session: Session, count: int, rng: random.Random) -> None:
+    """Blackhole the path three times, at random points of the exchange (by progress, not time:
+    loopback QUIC is fast), each time longer than the 0.6 s it takes to declare the path dead."""
+    for mark in sorted(rng.uniform(0.05, 0.9) * count for _ in range(3)):
+        while session.stats.messages_received < mark:
+            await asyncio.sleep(0.002)
+        resumed = session.stats.reconnects
+        proxy.blackhole(rng.uniform(0.8, 1.1))
+        async with asyncio.timeout(10):
+            while session.stats.reconnects == resumed:
+                await asyncio.sleep(0.01)
+
+
+@pytest.mark.timeout(60)
+async def test_websocket_chaos_every_message_exactly_once_in_order() -> None:
+    session, proxy = await asyncio.wait_for(chaos_run("ws", 1500, 48 * 1024, seed=1), 50)
+    assert proxy.cuts >= 5, "the proxy should have cut the connection several times"
+    assert session.stats.reconnects >= 3
+    assert session.info.session_id  # one session id throughout
+
+
+@pytest.mark.timeout(60)
+async def test_quic_chaos_every_message_exactly_once_in_order() -> None:
+    session, proxy = await asyncio.wait_for(chaos_run("quic", 1500, 32 * 1024, seed=2), 50)
+    assert proxy.blackholes >= 2
+    assert session.stats.reconnects >= 2
+
+
+@asynccontextmanager
+async def proxied(
+    handler: Any, scheme: str = "ws", **server_opts: Any
+) -> AsyncIterator[tuple[Server, TcpChaosProxy]]:
+    async with m2mwire.serve(handler, f"{scheme}://127.0.0.1:0", **server_opts) as server:
+        proxy = await TcpChaosProxy(server.port).start()
+        try:
+            yield server, proxy
+        finally:
+            await proxy.close()
+
+
+async def echo(session: Session) -> None:
+    async for message in session:
+        await session.send(message.text or "")
+
+
+async def test_session_survives_a_cut_with_the_same_id_and_nothing_lost() -> None:
+    async with proxied(echo) as (_server, proxy):
+        async with m2mwire.connect(f"ws://127.0.0.1:{proxy.port}", reconnect=FAST) as session:
+            sid = session.info.session_id
+            await session.send("before")
+            assert (await session.recv()).text == "before"
+            proxy.cut()
+            await session.send("during")  # retained, sent on the resumed connection
+            assert (await asyncio.wait_for(session.recv(), 5)).text == "during"
+            assert session.stats.reconnects == 1 and session.info.session_id == sid
+
+
+async def test_graceful_close_after_a_resume_loses_nothing() -> None:
+    received: list[str] = []
+    closed = asyncio.Event()
+
+    async def collect(session: Session) -> None:
+        async for message in session:
+            received.append(message.text or "")
+        closed.set()
+
+    async with proxied(collect) as (_server, proxy):
+        session = await m2mwire.connect(f"ws://127.0.0.1:{proxy.port}", reconnect=FAST)
+        await session.send("a")
+        proxy.cut()
+        for i in range(200):
+            await session.send(f"m{i}")
+        await session.close()  # right away: the close waits for the resume and the ACKs
+        await asyncio.wait_for(closed.wait(), 5)
+        assert received == ["a", *(f"m{i}" for i in range(200))]
+        assert session.close_event is not None and session.close_event.code == "NORMAL"
+
+
+async def test_wrong_token_is_refused() -> None:
+    async with proxied(echo) as (_server, proxy):
+        session = await m2mwire.connect(f"ws://127.0.0.1:{proxy.port}", reconnect=FAST)
+        resume = session._protocol.resume
+        assert resume is not None
+        resume.token = resume.token[:-4] + "AAAA"  # knowing the session id is not enough
+        proxy.cut()
+        with pytest.raises(SessionClosed) as info:
+            await asyncio.wait_for(session.recv(), 5)
+        assert info.value.code == "RESUME_REFUSED"
+        await session.close()
+
+
+async def test_resume_after_the_window_is_expired_for_both_sides() -> None:
+    handler_error: list[SessionClosed] = []
+
+    async def waiting(session: Session) -> None:
+        try:
+            await session.recv()
+        except SessionClosed as exc:
+            handler_error.append(exc)
+
+    async with proxied(waiting, resume_window=0.3) as (_server, proxy):
+        session = await m2mwire.connect(f"ws://127.0.0.1:{proxy.port}", reconnect=FAST)
+        proxy.refusing = True  # the client cannot get through for longer than the window
+        proxy.cut()
+        await asyncio.sleep(0.8)
+        proxy.refusing = False
+        with pytest.raises(SessionClosed) as info:
+            await asyncio.wait_for(session.recv(), 5)
+        assert info.value.code == "RESUME_EXPIRED"
+        assert [e.code for e in handler_error] == ["RESUME_EXPIRED"]  # the handler's recv() ended
+
+
+async def test_resume_after_a_server_restart_is_unknown() -> None:
+    async with proxied(echo) as (_first, proxy):
+        session = await m2mwire.connect(f"ws://127.0.0.1:{proxy.port}", reconnect=FAST)
+        async with m2mwire.serve(echo, "ws://127.0.0.1:0") as restarted:
+            proxy.target_port = restarted.port  # same address, new process: it never saw the session
+            proxy.cut()
+            with pytest.raises(SessionClosed) as info:
+                await asyncio.wait_for(session.recv(), 5)
+            assert info.value.code == "RESUME_UNKNOWN"
+
+
+async def test_peer_without_resume_gets_todays_behaviour() -> None:
+    async with proxied(echo, resume_window=0) as (_server, proxy):
+        session = await m2mwire.connect(f"ws://127.0.0.1:{proxy.port}", reconnect=FAST)
+        assert session._protocol.resume is None
+        proxy.cut()
+        with pytest.raises(TransportError):  # as without reconnect=
+            await asyncio.wait_for(session.recv(), 5)
+        assert session.close_event is not None and session.close_event.code == "TRANSPORT_CLOSED"
+        assert session.stats.reconnects == 0
+        assert proxy.connections == 1  # no reconnect attempt
+
+
+async def test_reconnect_gives_up_after_max_elapsed() -> None:
+    async with proxied(echo) as (_server, proxy):
+        policy = {"initial_delay": 0.01, "max_delay": 0.05, "max_elapsed": 0.4}
+        session = await m2mwire.connect(f"ws://127.0.0.1:{proxy.port}", reconnect=policy)
+        proxy.refusing = True
+        proxy.cut()
+        with pytest.raises(SessionClosed) as info:
+            await asyncio.wait_for(session.recv(), 5)
+        assert info.value.code == "RECONNECT_GAVE_UP"
+        assert proxy.connections > 2  # it did try, with backoff
+
+
+async def test_a_first_connect_that_fails_raises_as_before() -> None:
+    async with proxied(echo) as (_server, proxy):
+        proxy.refusing = True
+        with pytest.raises((TransportError, OSError)):
+            await m2mwire.connect(f"ws://127.0.0.1:{proxy.port}", reconnect=True, open_timeout=1)
+
+
+async def test_send_waits_while_the_retention_buffer_is_full() -> None:
+    async with proxied(echo) as (_server, proxy):
+        session = await m2mwire.connect(
+            f"ws://127.0.0.1:{proxy.port}", reconnect=FAST, resume_buffer_bytes=20_000
+        )
+        resume = session._protocol.resume
+        assert resume is not None
+        proxy.refusing = True
+        proxy.cut()
+        await asyncio.sleep(0.05)
+        sent = 0
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.5):
+                while True:
+                    await session.send("z" * 1000)
+                    sent += 1
+        # detached: everything is retained, up to the bound (plus the message that crossed it)
+        assert sent >= 10 and resume.full and resume.retained_bytes < 20_000 + 2000
+        proxy.refusing = False
+        texts = [(await asyncio.wait_for(session.recv(), 5)).text for _ in range(sent)]
+        assert texts == ["z" * 1000] * sent and session.stats.reconnects == 1
+        await session.close()
+
+
+def test_reconnect_option_is_checked() -> None:
+    with pytest.raises(ConfigError, match="initial_delay"):
+        m2mwire.connect("ws://127.0.0.1:1", reconnect={"initial_delay": -1})
+    with pytest.raises(ConfigError, match="unknown reconnect option"):
+        m2mwire.connect("ws://127.0.0.1:1", reconnect={"retries": 3})
+    with pytest.raises(ConfigError, match="resume_window"):
+        m2mwire.serve(echo, "ws://127.0.0.1:0", resume_window=-1)
+    delays = list(
+        zip(range(6), Reconnect(initial_delay=0.1, max_delay=0.5).delays(random.Random(0)), strict=False)
+    )
+    assert all(0.05 <= d <= 0.5 for _, d in delays) and delays[-1][1] >= 0.25  # doubling, capped, jittered
+
+
+async def test_avp_frames_resume_like_text() -> None:
+    async def avp_echo(session: Session) -> None:
+        async for message in session:
+            assert message.avp is not None
+            await session.send(np.frombuffer(bytes(message.avp.payload), dtype=np.float32))
+
+    async with proxied(avp_echo, identity=IDENT) as (_server, proxy):
+        async with m2mwire.connect(f"ws://127.0.0.1:{proxy.port}", reconnect=FAST, identity=IDENT) as session:
+            arrays = [np.full(1000, i, dtype=np.float32) for i in range(20)]
+            for i, arr in enumerate(arrays):
+                await session.send(arr)
+                if i in (5, 12):
+                    proxy.cut()
+            for arr in arrays:
+                got = await asyncio.wait_for(session.recv(), 5)
+                assert got.avp is not None and bytes(got.avp.payload) == arr.tobytes()
+            assert avp  # the SDK facade is what built the frames
+            assert session.stats.reconnects >= 1
