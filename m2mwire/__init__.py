@@ -42,6 +42,7 @@ _LAZY = {
     "Hello": "m2mwire.admission",
     "SessionInfo": "m2mwire.session.core",
     "Timers": "m2mwire.session.config",
+    "Reconnect": "m2mwire.reconnect",
     "ZstdOptions": "m2mwire.session.config",
     "ZstdDictionary": "m2mwire.codecs.zstdcontext",
     "ModelIdentity": "m2mwire.schemas.identity",
@@ -84,6 +85,7 @@ if TYPE_CHECKING:
     from m2mwire.codecs.zstdcontext import ZstdDictionary as ZstdDictionary
     from m2mwire.gateway import gateway as gateway
     from m2mwire.schemas.identity import ModelIdentity as ModelIdentity
+    from m2mwire.reconnect import Reconnect as Reconnect
     from m2mwire.session.config import Timers as Timers
     from m2mwire.session.config import ZstdOptions as ZstdOptions
     from m2mwire.session.core import Message as Message

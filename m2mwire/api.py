@@ -1239,6 +1239,14 @@ class connect:
     options: ssl (an SSLContext for wss://), cafile/cadata/fingerprint/insecure (TLS verification for
     wss:// and quic://), server_name, open_timeout, idle_timeout (QUIC), connection (a QUIC
     connection from :func:`open_quic_connection`, to run several sessions over one connection).
+
+    ``reconnect=True`` (or a dict, or :class:`m2mwire.Reconnect`): once established, the session
+    outlives its connections: on a loss (or unanswered PINGs) it reconnects with exponential
+    backoff and jitter and resumes, retransmitting what the server did not get; ``send()`` and
+    ``recv()`` neither fail nor lose nor duplicate meanwhile (``send()`` waits once
+    ``resume_buffer_bytes`` of unacknowledged messages are retained). When resuming is impossible
+    the session ends with ``SessionClosed`` whose ``code`` says why: ``RESUME_EXPIRED``,
+    ``RESUME_UNKNOWN`` (e.g. the server restarted), ``RESUME_REFUSED`` or ``RECONNECT_GAVE_UP``.
     """
 
     def __init__(self, url: str, **options: Unpack[ConnectOptions]) -> None:
@@ -1506,6 +1514,10 @@ class Server:
                 for k, v in self._topts.items()
                 if k in ("certfile", "keyfile", "idle_timeout", "reuse_port")
             }
+            if "cert_dir" in self._topts and "certfile" not in qopts:
+                from m2mwire.transport.tls import persistent_self_signed
+
+                qopts["certfile"], qopts["keyfile"], _ = persistent_self_signed(self._topts["cert_dir"])
             self._impl = await serve_quic(
                 self._run_session, ep.host, ep.port, max_message_size=CONTROL_MESSAGE_LIMIT, **qopts
             )
@@ -1572,6 +1584,9 @@ def _server_ssl(topts: dict[str, Any]) -> tuple[ssl_module.SSLContext, str | Non
     certfile, keyfile = topts.get("certfile"), topts.get("keyfile")
     if certfile is not None:
         return load_server_certificate(certfile, keyfile), None
+    if topts.get("cert_dir") is not None:
+        certfile, keyfile, fingerprint = tls.persistent_self_signed(topts["cert_dir"])
+        return tls.server_ssl_context(certfile, keyfile), fingerprint
     cert = tls.generate_self_signed()
     certfile, keyfile = cert.write_temp_files()
     log.warning(
@@ -1586,6 +1601,14 @@ def serve(handler: Handler, url: str, **options: Unpack[ServeOptions]) -> Server
     ``handler(session)`` runs once per established session; when it returns, the session is closed.
     Same session options as :func:`connect`; transport options: ssl (wss://), certfile/keyfile (TLS
     for wss:// and quic://; without them a self-signed certificate is generated and its
-    fingerprint logged and exposed as ``server.fingerprint``), idle_timeout (QUIC).
+    fingerprint logged and exposed as ``server.fingerprint``), cert_dir (wss:// and quic://: keep
+    that generated certificate in this directory, so its fingerprint survives restarts),
+    idle_timeout (QUIC, default 20 s).
+
+    Resume (docs/PROTOCOL.md "Resume"): a client that connected with ``reconnect=`` and lost its
+    connection may come back within ``resume_window`` seconds (default 60; 0 turns resume off);
+    meanwhile the handler's ``recv()`` waits and its ``send()`` retains up to
+    ``resume_buffer_bytes`` (default 16 MiB), then waits. After the window ``recv()`` raises
+    ``SessionClosed(code="RESUME_EXPIRED")``.
     """
     return Server(handler, url, dict(options))

@@ -135,8 +135,8 @@ _TRANSPORT_OPTIONS: dict[Call, dict[Scheme, tuple[str, ...]]] = {
     },
     "serve": {  # reuse_port: SO_REUSEPORT, for several worker processes on one port
         "ws": ("reuse_port",),
-        "wss": ("ssl", "certfile", "keyfile", "reuse_port"),
-        "quic": ("certfile", "keyfile", "idle_timeout", "reuse_port"),
+        "wss": ("ssl", "certfile", "keyfile", "cert_dir", "reuse_port"),
+        "quic": ("certfile", "keyfile", "idle_timeout", "cert_dir", "reuse_port"),
         "nats": NATS_SERVER_OPTIONS,
     },
 }

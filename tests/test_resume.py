@@ -332,3 +332,50 @@ async def test_avp_frames_resume_like_text() -> None:
                 assert got.avp is not None and bytes(got.avp.payload) == arr.tobytes()
             assert avp  # the SDK facade is what built the frames
             assert session.stats.reconnects >= 1
+
+
+@pytest.mark.parametrize("scheme", ["wss", "quic"])
+async def test_generated_certificate_persists_in_cert_dir(scheme: str, tmp_path: Any) -> None:
+    state = tmp_path / "state"
+    async with m2mwire.serve(echo, f"{scheme}://127.0.0.1:0", cert_dir=state) as first:
+        pinned = first.fingerprint
+    assert pinned and (state / "cert.pem").exists() and (state / "key.pem").stat().st_mode & 0o077 == 0
+    async with m2mwire.serve(echo, f"{scheme}://127.0.0.1:0", cert_dir=state) as restarted:
+        assert restarted.fingerprint == pinned
+        async with m2mwire.connect(restarted.url, fingerprint=pinned) as session:  # the old pin works
+            await session.send("hi")
+            assert (await session.recv()).text == "hi"
+
+
+def test_a_dead_peer_is_detected_within_about_20_seconds_by_default() -> None:
+    import inspect
+
+    from m2mwire.session.config import Timers
+    from m2mwire.transport import quic
+
+    t = Timers()
+    assert t.ping_interval + t.max_missed_pongs * t.pong_timeout <= 20
+    for opener in (quic.serve_quic, quic.connect_quic):
+        assert inspect.signature(opener).parameters["idle_timeout"].default <= 20
+
+
+async def test_missed_pongs_with_reconnect_resume_instead_of_closing() -> None:
+    timers = {"ping_interval": 0.1, "pong_timeout": 0.1, "max_missed_pongs": 2}
+    async with m2mwire.serve(echo, "quic://127.0.0.1:0", timers=timers) as server:
+        proxy = await UdpChaosProxy(server.port).start()
+        try:
+            session = await m2mwire.connect(
+                f"quic://127.0.0.1:{proxy.port}",
+                reconnect=FAST,
+                timers=timers,
+                fingerprint=server.fingerprint,
+                open_timeout=0.2,
+            )
+            proxy.blackhole(0.8)  # silent path: PINGs unanswered, then the path comes back
+            await asyncio.sleep(0.5)
+            await session.send("after")
+            assert (await asyncio.wait_for(session.recv(), 5)).text == "after"
+            assert session.stats.reconnects == 1 and session.close_event is None
+            await session.close()
+        finally:
+            await proxy.close()

@@ -40,6 +40,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from m2mwire.errors import TransportError
 
 __all__ = [
+    "persistent_self_signed",
     "SelfSignedCert",
     "certificate_fingerprint",
     "client_ssl_context",
@@ -195,6 +196,28 @@ def generate_self_signed(
         fingerprint=certificate_fingerprint(cert),
         hostnames=tuple(hostnames),
     )
+
+
+def persistent_self_signed(cert_dir: str | os.PathLike[str]) -> tuple[str, str, str]:
+    """``(certfile, keyfile, fingerprint)`` of the self-signed certificate kept in ``cert_dir``.
+
+    The first call generates it and writes ``cert.pem`` and ``key.pem`` (0600, in a 0700
+    directory); later calls, in this process or after a restart, load the same pair, so a
+    client that pinned the fingerprint reconnects (and resumes) after the server restarts.
+    """
+    directory = os.fspath(cert_dir)
+    certfile = os.path.join(directory, "cert.pem")
+    keyfile = os.path.join(directory, "key.pem")
+    if not (os.path.exists(certfile) and os.path.exists(keyfile)):
+        os.makedirs(directory, mode=0o700, exist_ok=True)
+        cert = generate_self_signed()
+        for path, data in ((keyfile, cert.key_pem), (certfile, cert.cert_pem)):
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+    with open(certfile, "rb") as f:
+        fingerprint = certificate_fingerprint(x509.load_pem_x509_certificate(f.read()))
+    return certfile, keyfile, fingerprint
 
 
 def server_ssl_context(
