@@ -84,8 +84,8 @@ if TYPE_CHECKING:
     from m2mwire.codecs import decompress_binary as decompress_binary
     from m2mwire.codecs.zstdcontext import ZstdDictionary as ZstdDictionary
     from m2mwire.gateway import gateway as gateway
-    from m2mwire.schemas.identity import ModelIdentity as ModelIdentity
     from m2mwire.reconnect import Reconnect as Reconnect
+    from m2mwire.schemas.identity import ModelIdentity as ModelIdentity
     from m2mwire.session.config import Timers as Timers
     from m2mwire.session.config import ZstdOptions as ZstdOptions
     from m2mwire.session.core import Message as Message

@@ -40,12 +40,12 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from m2mwire.errors import TransportError
 
 __all__ = [
-    "persistent_self_signed",
     "SelfSignedCert",
     "certificate_fingerprint",
     "client_ssl_context",
     "generate_self_signed",
     "normalize_fingerprint",
+    "persistent_self_signed",
     "server_ssl_context",
     "verify_fingerprint",
     "warn_insecure",
