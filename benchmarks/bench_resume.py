@@ -193,7 +193,8 @@ async def chaos(scheme: str, count: int, max_size: int) -> None:
             p50 = statistics.median(rt) * 1e3 if rt else float("nan")
             p99 = rt[min(len(rt) - 1, int(0.99 * len(rt)))] * 1e3 if rt else float("nan")
             print(
-                f"{scheme:5} {count} msgs each way (<= {max_size // 1024} KiB, {mb:.0f} MB): exactly once, in order; "
+                f"{scheme:5} {count} msgs each way (<= {max_size // 1024} KiB, {mb:.0f} MB): "
+                "exactly once, in order; "
                 f"{cuts} resumes, time to resume p50 {p50:.0f} ms p99 {p99:.0f} ms, "
                 f"{retx / max(cuts, 1):.0f} messages retransmitted per cut (both directions), {elapsed:.1f} s"
             )

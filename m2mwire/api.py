@@ -348,6 +348,9 @@ class Session:
         more: bool = False,
         trace: Mapping[str, str] | None = None,
     ) -> SentInfo:
+        closed = self._protocol.closed
+        if closed is not None:  # the same error recv() raises for the same loss (or close)
+            raise _closed_error(closed)
         resume = self._protocol.resume
         if resume is not None and resume.full:
             await self._wait_space()

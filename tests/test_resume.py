@@ -379,3 +379,15 @@ async def test_missed_pongs_with_reconnect_resume_instead_of_closing() -> None:
             await session.close()
         finally:
             await proxy.close()
+
+
+async def test_the_same_loss_raises_the_same_error_from_send_and_recv() -> None:
+    async with proxied(echo) as (_server, proxy):
+        session = await m2mwire.connect(f"ws://127.0.0.1:{proxy.port}")  # no reconnect
+        proxy.cut()
+        with pytest.raises(TransportError) as from_recv:
+            await asyncio.wait_for(session.recv(), 5)
+        with pytest.raises(TransportError) as from_send:
+            await session.send("too late")
+        assert type(from_send.value) is type(from_recv.value)
+        assert from_send.value.code == from_recv.value.code
