@@ -350,7 +350,7 @@ class Session:
     ) -> SentInfo:
         closed = self._protocol.closed
         if closed is not None:  # the same error recv() raises for the same loss (or close)
-            raise _closed_error(closed)
+            raise closed_error(closed)
         resume = self._protocol.resume
         if resume is not None and resume.full:
             await self._wait_space()
@@ -594,6 +594,10 @@ class Session:
 
     def _use_channel(self, channel: Channel) -> None:
         self._channel = channel
+        if not any(t.get_name() == "m2mwire-writer" and not t.done() for t in self._tasks):
+            # The writer ends with its channel (see _writer): a resumed session needs a new one.
+            self._tasks = [t for t in self._tasks if not t.done()]
+            self._tasks.append(asyncio.create_task(self._writer(), name="m2mwire-writer"))
         if self._channel_done.done():
             self._channel_done = self._loop.create_future()
         self._transport_closed = False
@@ -867,7 +871,8 @@ class Session:
         goes on in a task of its own: a cancelled caller then leaves it running (the next write
         waits for it), and the write_timeout timer drops a peer that lets it wait too long.
         """
-        coro = self._channel.send(message)
+        channel = self._channel
+        coro = channel.send(message)
         try:
             waiting_on = coro.send(None)
         except StopIteration:
@@ -877,17 +882,18 @@ class Session:
         self._write_timer = self._loop.call_later(
             self._protocol.config.timers.write_timeout, self._on_write_timeout, task
         )
-        task.add_done_callback(self._write_finished)
+        task.add_done_callback(functools.partial(self._write_finished, channel=channel))
         return task
 
-    def _write_finished(self, task: asyncio.Task[None]) -> None:
+    def _write_finished(self, task: asyncio.Task[None], channel: Channel | None = None) -> None:
         if self._inflight is task:
             self._inflight = None
             if self._write_timer is not None:
                 self._write_timer.cancel()
                 self._write_timer = None
         if not task.cancelled() and isinstance(exc := task.exception(), TransportError):
-            self._on_transport_closed(exc)  # also when no caller waits for it any more
+            if channel is None or channel is self._channel:  # resume: an old channel's loss is moot
+                self._on_transport_closed(exc)  # also when no caller waits for it any more
 
     def _on_write_timeout(self, task: asyncio.Task[None]) -> None:
         if self._inflight is not task or task.done():
@@ -1254,9 +1260,9 @@ class connect:
 
     def __init__(self, url: str, **options: Unpack[ConnectOptions]) -> None:
         self._endpoint = parse_url(url)
-        options = dict(options)
-        reconnect = parse_reconnect(options.pop("reconnect", None))
-        self._config, self._topts = split_options(options, "connect", self._endpoint)
+        given: dict[str, Any] = dict(options)
+        reconnect = parse_reconnect(given.pop("reconnect", None))
+        self._config, self._topts = split_options(given, "connect", self._endpoint)
         self._reconnect = reconnect
         if reconnect is not None:
             self._config = dataclasses.replace(self._config, resume=True)

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypedDict
 from urllib.parse import urlsplit
 
 from m2mwire.errors import ConfigError
+from m2mwire.reconnect import Reconnect
 from m2mwire.session.config import SESSION_OPTIONS, SessionConfig, make_config
 from m2mwire.transport.nats.options import NATS_CLIENT_OPTIONS, NATS_SERVER_OPTIONS, parse_nats_url
 
@@ -58,6 +59,7 @@ class SessionOptions(TypedDict, total=False):
     max_queue: int
     max_queue_bytes: int
     zstd: ZstdOptions | Mapping[str, Any]
+    resume_buffer_bytes: int
 
 
 class NatsOptions(TypedDict, total=False):
@@ -94,6 +96,7 @@ class ConnectOptions(SessionOptions, NatsOptions, total=False):
     open_timeout: float | None
     idle_timeout: float | None
     connection: QuicClientConnection | None
+    reconnect: bool | Mapping[str, float] | Reconnect | None
 
 
 class ServeOptions(SessionOptions, NatsOptions, total=False):
@@ -107,7 +110,9 @@ class ServeOptions(SessionOptions, NatsOptions, total=False):
     ssl: ssl_module.SSLContext | None
     certfile: str | os.PathLike[str] | None
     keyfile: str | os.PathLike[str] | None
+    cert_dir: str | os.PathLike[str] | None
     idle_timeout: float | None
+    resume_window: float
 
 
 Call = Literal["connect", "serve"]

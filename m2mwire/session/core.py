@@ -1517,7 +1517,12 @@ class SessionProtocol:
         self.info = SessionInfo(
             session_id=self._session_id,
             role=self.role,
-            algorithms=result.algorithms,
+            # Resume and the zstd context are not combined yet (a context cannot be re-synchronised
+            # from retained frames): a session that negotiated resume does not use zstd, on both
+            # ends alike, since both know resume was granted before this point.
+            algorithms=result.algorithms
+            if self.resume is None
+            else tuple(a for a in result.algorithms if a is not Algorithm.ZSTD),
             encoding=result.encoding,
             mode=result.mode,
             mode_reason=result.mode_reason,
@@ -1532,7 +1537,7 @@ class SessionProtocol:
         self._payload_limit = result.max_payload or self.config.limits.max_message_bytes
         if self._payload_limit < self._limits.max_output_bytes:
             self._limits = replace(self._limits, max_output_bytes=self._payload_limit)
-        if result.zstd is not None:
+        if result.zstd is not None and self.resume is None:
             options = self.config.zstd
             self._zstd = ZstdSessionState(
                 self._session_id,
