@@ -891,9 +891,13 @@ class Session:
             if self._write_timer is not None:
                 self._write_timer.cancel()
                 self._write_timer = None
-        if not task.cancelled() and isinstance(exc := task.exception(), TransportError):
-            if channel is None or channel is self._channel:  # resume: an old channel's loss is moot
-                self._on_transport_closed(exc)  # also when no caller waits for it any more
+        # Also when no caller waits for it any more; with resume, an old channel's loss is moot.
+        if (
+            not task.cancelled()
+            and isinstance(exc := task.exception(), TransportError)
+            and (channel is None or channel is self._channel)
+        ):
+            self._on_transport_closed(exc)
 
     def _on_write_timeout(self, task: asyncio.Task[None]) -> None:
         if self._inflight is not task or task.done():
