@@ -36,6 +36,7 @@ from m2mwire.errors import (
     SessionTimeout,
     TransportError,
 )
+from m2mwire.lifecycle import Listening
 from m2mwire.options import (
     ConnectOptions,
     Endpoint,
@@ -1337,7 +1338,7 @@ def _add_stats(into: Stats, other: Stats) -> None:
         into.by_algorithm[key] = into.by_algorithm.get(key, 0) + count
 
 
-class Server:
+class Server(Listening):
     """A running m2mwire server (WebSocket or QUIC). Use as ``async with serve(...) as server``."""
 
     def __init__(self, handler: Handler, url: str, options: dict[str, Any]) -> None:
@@ -1572,23 +1573,6 @@ class Server:
                 await asyncio.wait(pending, timeout=1.0)
         self.close()
         await self.wait_closed()
-
-    async def serve_forever(self) -> None:
-        try:
-            await asyncio.Future()
-        finally:
-            await self.aclose()
-
-    def __await__(self) -> Generator[Any, None, Server]:
-        return self.start().__await__()
-
-    async def __aenter__(self) -> Server:
-        return await self.start()
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 def _server_ssl(topts: dict[str, Any]) -> tuple[ssl_module.SSLContext, str | None]:

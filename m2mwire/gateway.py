@@ -13,13 +13,12 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from collections.abc import Generator
-from types import TracebackType
 from typing import Any
 
 from m2mwire.api import _server_ssl
 from m2mwire.codecs.limits import MiB
 from m2mwire.errors import TransportError
+from m2mwire.lifecycle import Listening
 from m2mwire.options import parse_url
 from m2mwire.transport.base import Channel, Message, PushChannel
 from m2mwire.transport.nats.options import NATS_OPTIONS
@@ -31,7 +30,7 @@ log = logging.getLogger("m2mwire.gateway")
 _LISTEN_OPTIONS = frozenset({"certfile", "keyfile", "ssl", "idle_timeout", "max_payload", "open_timeout"})
 
 
-class Gateway:
+class Gateway(Listening):
     """A running gateway; use as ``async with m2mwire.gateway(listen_url, nats_url) as gw``."""
 
     def __init__(self, listen_url: str, nats_url: str, options: dict[str, Any]) -> None:
@@ -118,23 +117,6 @@ class Gateway:
             await asyncio.wait(list(self._relays), timeout=5)
         self.close()
         await self.wait_closed()
-
-    async def serve_forever(self) -> None:
-        try:
-            await asyncio.Future()
-        finally:
-            await self.aclose()
-
-    def __await__(self) -> Generator[Any, None, Gateway]:
-        return self.start().__await__()
-
-    async def __aenter__(self) -> Gateway:
-        return await self.start()
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
 
 
 async def _pipe_both(a: Channel, b: Channel) -> None:

@@ -11,8 +11,8 @@ import pytest
 
 from m2mwire.transport.nats.local import LocalNatsServer
 
-# Copied from the steering repository's shared/reference (see tests/data/README.md): tests never read
-# ../shared, which CI machines and fresh clones may not have.
+# Copied from the steering repository's reference folder (see tests/data/README.md): tests read only
+# files inside this checkout, since CI machines and fresh clones have nothing beside it.
 DATA_DIR = Path(__file__).resolve().parent / "data"
 REFERENCE_VECTORS = DATA_DIR / "m2m-reference-vectors.json"
 
