@@ -3,6 +3,9 @@
 Every error the library raises on purpose derives from :class:`M2MError`, so callers can catch
 one class. Messages say what was wrong, where, and (when there is something to do) what to do.
 
+Every layer raises these, so this module is the bottom one: it imports nothing from m2mwire
+(tests/test_layers.py asserts both).
+
     M2MError
     +-- DecodeError            malformed wire input (bad prefix, base64, varint, JSON, frame, ...)
     |   +-- ChecksumMismatch   a CRC or integrity check failed

@@ -19,17 +19,18 @@ from typing import Any, Final, TypeAlias, Unpack
 import numpy as np
 import numpy.typing as npt
 
-from m2mwire.codecs.avp import (
+from m2mwire.codecs.avpframe import (
     AVPMetadata,
     DataType,
     MetadataFields,
     PayloadType,
-    _array_dtype,
-    _array_view,
-    _build,
-    _level,
-    _resolve_metadata,
+    array_dtype,
+    array_view,
     bfloat16_to_float32,
+    build_frame,
+    requested_dtype,
+    resolve_metadata,
+    zstd_level,
 )
 from m2mwire.errors import DecodeError, EncodeError
 
@@ -203,7 +204,7 @@ def kv_payload_parts(
         return [memoryview(pack_kv_header(0, 0, 0, 0, dt))], dt
     first = pairs[0][0]
     shape = first.shape
-    dt = _array_dtype(first, requested)
+    dt = array_dtype(first, requested)
     if dt not in _KV_DTYPES:
         raise EncodeError(
             f"the AVP KV-cache header has no code for {dt.name}; use float32, float16, bfloat16"
@@ -215,7 +216,7 @@ def kv_payload_parts(
                 raise EncodeError(
                     f"layer {i} {name} is {t.dtype}{list(t.shape)}, layer 0 K is {first.dtype}{list(shape)}"
                 )
-            views.append(_array_view(t))
+            views.append(array_view(t))
     heads, seq_len, head_dim = (int(d) for d in shape)
     views.insert(0, memoryview(pack_kv_header(len(pairs), heads, head_dim, seq_len, dt)))
     return views, dt
@@ -240,14 +241,14 @@ def encode_kv_cache_parts(
     defaulting to the number of layers, ``tensor_shape`` empty. Compressed, the buffers are
     ``[header + metadata, pieces of the one zstd frame...]``.
     """
-    md = _resolve_metadata(metadata, fields)
-    requested = md.dtype if ("dtype" in fields or md.dtype is not DataType.FLOAT32) else None
+    md = resolve_metadata(metadata, fields)
+    requested = requested_dtype(fields, md)
     views, dt = kv_payload_parts(layers, dtype=requested)
     num_layers = KV_HEADER.unpack_from(views[0])[0]
     if md.payload_type is not PayloadType.KV_CACHE or md.dtype is not dt or not md.num_layers:
         md = replace(md, payload_type=PayloadType.KV_CACHE, dtype=dt, num_layers=md.num_layers or num_layers)
     total = sum(len(v) for v in views)
-    return _build(views, total, md, dt, md.tensor_shape, _level(compress))
+    return build_frame(views, total, md, dt, md.tensor_shape, zstd_level(compress))
 
 
 def encode_kv_cache(

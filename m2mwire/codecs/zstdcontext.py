@@ -29,7 +29,7 @@ from typing import Final
 
 import zstandard
 
-from m2mwire.codecs.avp import crc32
+from m2mwire.codecs.checksum import crc32
 from m2mwire.codecs.limits import MiB, check_size
 from m2mwire.errors import DecodeError, EncodeError
 

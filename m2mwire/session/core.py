@@ -42,6 +42,7 @@ from m2mwire.codecs import (
 )
 from m2mwire.codecs.avp import FLAG_COMPRESSED, AVPMessage, payload_size
 from m2mwire.codecs.avp import decode as avp_decode
+from m2mwire.codecs.buffers import Buffer
 from m2mwire.codecs.jsonutil import check_json_text, dumps_compact, loads_limited, parse_json
 from m2mwire.codecs.select import NONE_BELOW
 from m2mwire.codecs.varint import b64encode
@@ -86,7 +87,6 @@ from m2mwire.session.negotiation import (
 )
 from m2mwire.session.resume import ResumeState, message_size, new_token
 from m2mwire.session.zstdstate import ZstdSessionState, text_form_bound
-from m2mwire.transport.base import Buffer
 
 __all__ = [
     "AVP_MORE_KEY",

@@ -24,9 +24,9 @@ import secrets
 from collections import deque
 from collections.abc import Iterator, Sequence
 
+from m2mwire.codecs.buffers import Buffer
 from m2mwire.codecs.limits import MiB
 from m2mwire.errors import ProtocolError
-from m2mwire.transport.base import Buffer
 
 __all__ = ["ACK_EVERY", "DEFAULT_RESUME_BUFFER", "ResumeState", "message_size", "new_token"]
 

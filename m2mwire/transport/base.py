@@ -10,11 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Protocol, runtime_checkable
 
+from m2mwire.codecs.buffers import Buffer  # defined in codecs (the session retains it too); re-exported
 from m2mwire.errors import TransportError
 
 __all__ = ["Buffer", "Channel", "DirectSendChannel", "Message", "OutgoingMessage", "PushChannel"]
 
-Buffer = bytes | bytearray | memoryview
 Message = str | bytes
 # A binary message may be handed over as a list of buffers (e.g. header, metadata, tensor view) so
 # the sender never concatenates large payloads; the receiver always gets one ``bytes``.

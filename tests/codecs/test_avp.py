@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from m2mwire import avp
 from m2mwire.codecs import avp as codec
+from m2mwire.codecs import avpframe, checksum
 from m2mwire.codecs.limits import Limits
 from m2mwire.errors import ChecksumMismatch, DecodeError, EncodeError, LimitExceeded
 from m2mwire.schemas import avp_pb2
@@ -208,7 +209,7 @@ def test_dtype_named_bfloat16_is_taken_without_asking() -> None:
     class Array:
         dtype = Dtype()
 
-    assert codec._array_dtype(Array(), None) is avp.DataType.BFLOAT16  # type: ignore[arg-type]
+    assert avpframe.array_dtype(Array(), None) is avp.DataType.BFLOAT16  # type: ignore[arg-type]
 
 
 def test_float32_to_bfloat16_rounding() -> None:
@@ -346,7 +347,7 @@ def test_metadata_bytes_equal_protobuf_serialization(
         fields["compression"] = "zstd"
     expected = meta_bytes(**fields)
     for _ in range(2):  # second time from the cache
-        assert bytes(codec._metadata_bytes(md, dtype, tuple(shape), compressed, crc)) == expected
+        assert bytes(avpframe.metadata_bytes(md, dtype, tuple(shape), compressed, crc)) == expected
     # and a KV frame with opaque payload round-trips through decode
     if payload_type is avp.PayloadType.KV_CACHE:
         msg = avp.decode(avp.encode(payload, md, compress=compressed))
@@ -606,7 +607,8 @@ def test_metadata_size_capped_by_limits() -> None:
 
 
 def test_encode_refuses_payload_length_over_u32(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(codec, "MAX_PAYLOAD_LENGTH", 10)
+    monkeypatch.setattr(codec, "MAX_PAYLOAD_LENGTH", 10)  # the fast path's check
+    monkeypatch.setattr(avpframe, "MAX_PAYLOAD_LENGTH", 10)  # the general path's
     with pytest.raises(EncodeError, match="u32"):
         avp.encode(b"0123456789")
 
@@ -658,8 +660,8 @@ def test_crc32_of_every_buffer_kind(size: int, offset: int) -> None:
 def test_crc32_small_cut_over_counts_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     """zlib is used below 64 *bytes*: a 2-D array with few rows still goes to libdeflate."""
     used: list[str] = []
-    monkeypatch.setattr(codec, "_zlib_crc32", lambda d, v: used.append("zlib") or zlib.crc32(d, v))
-    monkeypatch.setattr(codec, "_deflate_crc32", lambda d, v: used.append("deflate") or zlib.crc32(d, v))
+    monkeypatch.setattr(checksum, "_zlib_crc32", lambda d, v: used.append("zlib") or zlib.crc32(d, v))
+    monkeypatch.setattr(checksum, "deflate_crc32", lambda d, v: used.append("deflate") or zlib.crc32(d, v))
     wide = np.ones((2, 4096), dtype=np.float32)
     assert avp.crc32(wide) == zlib.crc32(wide)
     assert avp.crc32(np.float32(1.5)) == zlib.crc32(np.float32(1.5))
@@ -678,7 +680,7 @@ def test_crc32_running_value_across_pieces() -> None:
         crc = avp.crc32(memoryview(data)[start:end], crc)
     assert crc == zlib.crc32(data)
     chunks = [rng.bytes(n) for n in (17, 3 << 20, 1, 5 << 20, 777, 0, 1 << 20)]
-    assert codec._crc_chunks([memoryview(c) for c in chunks]) == zlib.crc32(b"".join(chunks))
+    assert checksum.crc32_chunks([memoryview(c) for c in chunks]) == zlib.crc32(b"".join(chunks))
 
 
 @pytest.mark.parametrize(
@@ -712,7 +714,7 @@ def test_multi_buffer_compression_is_one_sized_frame() -> None:
     rng = np.random.default_rng(3)
     chunks = [memoryview(rng.integers(0, 4, n, dtype=np.uint8).tobytes()) for n in (17, 300_000, 5, 70_000)]
     total = sum(len(c) for c in chunks)
-    packed = b"".join(codec._compress(chunks, total, 3))
+    packed = b"".join(avpframe.compress_chunks(chunks, total, 3))
     params = zstandard.get_frame_parameters(packed)
     assert params.content_size == total
     assert zstandard.ZstdDecompressor().decompress(packed, allow_extra_data=False) == b"".join(chunks)
