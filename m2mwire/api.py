@@ -14,6 +14,7 @@ import dataclasses
 import functools
 import logging
 import ssl as ssl_module
+import sys
 import uuid
 from collections import OrderedDict, deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Generator, Mapping, Sequence
@@ -21,12 +22,10 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Unpack, cast
 
-import numpy as np
-
 from m2mwire import tracing
 from m2mwire.admission import Admission, Hello, split_address
 from m2mwire.codecs import Algorithm, resolve_algorithm
-from m2mwire.codecs.avp import AVPMessage, AVPMetadata
+from m2mwire.codecs.buffers import is_ndarray
 from m2mwire.correlation import Correlator
 from m2mwire.errors import (
     EncodeError,
@@ -73,6 +72,9 @@ from m2mwire.session.core import (
 from m2mwire.transport.base import Buffer, Channel, DirectSendChannel, PushChannel
 
 if TYPE_CHECKING:
+    import numpy as np  # numpy, protobuf: imported when a tensor or frame is sent, not for text
+
+    from m2mwire.codecs.avp import AVPMessage, AVPMetadata
     from m2mwire.transport.quic import QuicClientConnection
 
 __all__ = ["Server", "ServerStats", "Session", "connect", "open_quic_connection", "serve"]
@@ -387,7 +389,7 @@ class Session:
                     "request correlation; rename them (a received message's .extra leaves them out)"
                 )
             if request_id is not None or reply_to is not None:
-                if not isinstance(content, np.ndarray):
+                if not is_ndarray(content):
                     raise EncodeError(
                         "requests and replies carry AVP content as a numpy tensor (its correlation "
                         "ids go in the frame's extra map), not as an already-encoded frame"
@@ -671,15 +673,13 @@ class Session:
             self._after_protocol_step()
 
     def _avp_parts(self, content: object, extra: Mapping[str, str] | None = None) -> Sequence[Buffer]:
-        if extra is not None and not isinstance(content, np.ndarray):
+        if extra is not None and not is_ndarray(content):
             raise EncodeError(
                 "extra= is set when the frame is built: pass the numpy tensor, not an encoded frame"
             )
         if type(content) is bytes or isinstance(content, bytearray | memoryview):
             return (content,)
-        if isinstance(content, AVPMessage):
-            return (content.raw,)
-        if isinstance(content, np.ndarray):
+        if is_ndarray(content):
             from m2mwire import avp  # local: keeps numpy/protobuf work off the import path of text users
 
             if self._avp_metadata is None:
@@ -700,6 +700,9 @@ class Session:
                 # A metadata of its own: the session's cached one stays on encode_parts' fast path.
                 return avp.encode_parts(content, dataclasses.replace(self._avp_metadata, extra=extra))
             return avp.encode_parts(content, self._avp_metadata)
+        avp_module = sys.modules.get("m2mwire.codecs.avp")  # an AVPMessage exists only once it is loaded
+        if avp_module is not None and isinstance(content, avp_module.AVPMessage):
+            return (content.raw,)
         raise EncodeError(
             f"send() takes str, dict, list, a numpy array, an AVPMessage or AVP frame bytes, "
             f"not {type(content).__name__}"

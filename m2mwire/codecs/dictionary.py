@@ -18,8 +18,7 @@ Accepted besides: the Rust reference's dialect (v0.2/0.3), recognised by the mis
 from __future__ import annotations
 
 import re
-
-import numpy as np
+from typing import Final
 
 from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits, check_size
 from m2mwire.codecs.varint import b64decode, b64encode, utf8
@@ -101,14 +100,12 @@ _DECODE_MAP: dict[bytes, bytes] = {bytes((code,)): pattern for code, pattern in 
 _DECODE_MAP.update({bytes((_ESCAPE, code)): bytes((code,)) for code in _CODES})
 _DECODE_RE = re.compile(b"\xf8[\x80-\x87]|[\x80-\x87]")  # escape pair first, so its byte is not a code
 
-# Output bytes produced per input byte, used to bound the decoded size before expanding.
-_SEED_SIZES = np.ones(256, dtype=np.int64)
-for _code, _pattern in SEED_PATTERNS.items():
-    _SEED_SIZES[_code] = len(_pattern)
-_REFERENCE_SIZES = np.ones(256, dtype=np.int64)
-_REFERENCE_SIZES[0x80:] = 2  # Latin-1 U+0080..U+00FF take two UTF-8 bytes
-for _code, _pattern in REFERENCE_PATTERNS.items():
-    _REFERENCE_SIZES[_code] = len(_pattern)
+# Output bytes per input byte beyond one, to bound the decoded size before expanding: each code
+# byte adds its pattern's length less what the base rule already counted for it.
+_SEED_EXTRA: Final = tuple((bytes((code,)), len(p) - 1) for code, p in SEED_PATTERNS.items())
+# The reference dialect reads other high bytes as Latin-1: U+0080..U+00FF take two UTF-8 bytes.
+_REFERENCE_EXTRA: Final = tuple((bytes((code,)), len(p) - 2) for code, p in REFERENCE_PATTERNS.items())
+_HIGH_BYTES: Final = bytes(range(0x80, 0x100))
 _REFERENCE_TRANSLATION = {code: pattern.decode("ascii") for code, pattern in REFERENCE_PATTERNS.items()}
 _MAX_EXPANSION = max(len(p) for p in REFERENCE_PATTERNS.values())
 
@@ -121,9 +118,13 @@ def encode_dictionary(content: str, *, limits: Limits = DEFAULT_LIMITS) -> str:
     return wire
 
 
-def _decoded_size(body: bytes, sizes: np.ndarray) -> int:
-    counts = np.bincount(np.frombuffer(body, dtype=np.uint8), minlength=256)
-    return int(counts @ sizes)
+def _decoded_size(body: bytes, extra: tuple[tuple[bytes, int], ...], high_bytes_double: bool) -> int:
+    """The size ``body`` expands to: one byte each, two for bytes >= 0x80 when ``high_bytes_double``,
+    plus ``extra`` per occurrence of each code. bytes.count/translate are C loops (no numpy needed)."""
+    size = len(body)
+    if high_bytes_double:
+        size += len(body) - len(body.translate(None, _HIGH_BYTES))
+    return size + sum(n * body.count(code) for code, n in extra)
 
 
 def decode_dictionary(wire: str, *, limits: Limits = DEFAULT_LIMITS) -> str:
@@ -152,7 +153,7 @@ def decode_dictionary(wire: str, *, limits: Limits = DEFAULT_LIMITS) -> str:
 
 def _decode_seed(body: bytes, limit: int) -> str:
     if len(body) * len(SEED_PATTERNS[0x81]) > limit:  # cheap bound first; exact count only when needed
-        size = _decoded_size(body, _SEED_SIZES)
+        size = _decoded_size(body, _SEED_EXTRA, False)
         if size > limit:  # the bound counted each escaped byte as a pattern: correct it
             size -= sum(body.count(bytes((_ESCAPE, c))) * len(SEED_PATTERNS[c]) for c in _CODES)
         check_size("decoded Dictionary content", size, limit)
@@ -170,7 +171,7 @@ def _decode_seed(body: bytes, limit: int) -> str:
 def _decode_reference(data: bytes, limit: int) -> str:
     # The reference emits only ASCII and its codes; other high bytes it reads as Latin-1.
     if len(data) * _MAX_EXPANSION > limit:
-        check_size("decoded Dictionary content", _decoded_size(data, _REFERENCE_SIZES), limit)
+        check_size("decoded Dictionary content", _decoded_size(data, _REFERENCE_EXTRA, True), limit)
     text = data.decode("latin-1").translate(_REFERENCE_TRANSLATION)
     if len(text) * 2 > limit:  # Latin-1 characters may take two UTF-8 bytes
         check_size("decoded Dictionary content", len(text.encode("utf-8")), limit)

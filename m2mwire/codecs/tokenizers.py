@@ -26,10 +26,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
-
-import tiktoken
+from typing import TYPE_CHECKING
 
 from m2mwire.errors import EncodeError, TokenizerUnavailable
+
+if TYPE_CHECKING:
+    import tiktoken
 
 __all__ = [
     "CL100K_PAT_STR",
@@ -312,6 +314,8 @@ def _load(enc: Encoding) -> _Loaded:
     raw = _read_verified(enc, path)
     ranks = _parse_ranks(enc, raw, path)
     spec = _SPECS[enc]
+    import tiktoken  # local: the names above are used by every session, tiktoken only by token codecs
+
     tokenizer = tiktoken.Encoding(
         enc.value, pat_str=spec.pat_str, mergeable_ranks=ranks, special_tokens=dict(spec.special_tokens)
     )

@@ -17,18 +17,6 @@ import binascii
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
-# protobuf ships no type stubs here; the ignore is harmless where types-protobuf is installed.
-from google.protobuf import (  # type: ignore[import-untyped,unused-ignore]
-    descriptor_pb2,
-    descriptor_pool,
-    message_factory,
-)
-from google.protobuf.message import (  # type: ignore[import-untyped,unused-ignore]
-    DecodeError as _ProtobufDecodeError,
-)
-
 from m2mwire.errors import DecodeError, EncodeError
 
 _c_unpack: Callable[[bytes], list[int]] | None
@@ -55,7 +43,26 @@ __all__ = [
 MAX_VARINT_BYTES = 5  # enough for any uint32; longer varints are rejected
 
 
+# protobuf and numpy are imported on first use, not here: every text session imports this module for
+# base64 and UTF-8, and only TokenNative varints (without the C helper) need either.
+_Ids: Any = None  # the protobuf message class, built on first use by _ids()
+
+
+def _ids() -> Any:
+    global _Ids
+    if _Ids is None:
+        _Ids = _build_ids_message()
+    return _Ids
+
+
 def _build_ids_message() -> Any:
+    # protobuf ships no type stubs here; the ignore is harmless where types-protobuf is installed.
+    from google.protobuf import (  # type: ignore[import-untyped,unused-ignore]
+        descriptor_pb2,
+        descriptor_pool,
+        message_factory,
+    )
+
     # A private pool, so the global protobuf registry is left alone.
     proto = descriptor_pb2.FileDescriptorProto(
         name="m2mwire_varint.proto", package="m2mwire.varint", syntax="proto3"
@@ -72,7 +79,6 @@ def _build_ids_message() -> Any:
     return message_factory.GetMessageClass(pool.FindMessageTypeByName("m2mwire.varint.Ids"))
 
 
-_Ids = _build_ids_message()
 # translate() table: 1 for a continuation byte (high bit set), 0 otherwise.
 _CONTINUATION = bytes(int(i >= 0x80) for i in range(256))
 _THREE_CONTINUATIONS = b"\x01\x01\x01"
@@ -90,7 +96,7 @@ def _leb128(n: int) -> bytes:
 def pack_varints(values: Sequence[int]) -> bytes:
     """Encode unsigned 32-bit ``values`` as concatenated LEB128 varints."""
     try:
-        framed: bytes = _Ids(ids=values).SerializeToString()
+        framed: bytes = (_Ids or _ids())(ids=values).SerializeToString()
     except (ValueError, TypeError) as exc:
         raise ValueError(f"varints hold unsigned 32-bit integers only: {exc}") from exc
     if not framed:  # no values: protobuf omits the field entirely
@@ -139,7 +145,11 @@ def _unpack_varints_protobuf(data: bytes) -> list[int]:
     if _THREE_CONTINUATIONS in flags:
         # 4- and 5-byte varints only encode values >= 2**21 (or are padded): rare, so validate in numpy.
         return unpack_varints_numpy(data)
-    message = _Ids()
+    from google.protobuf.message import (  # type: ignore[import-untyped,unused-ignore]
+        DecodeError as _ProtobufDecodeError,
+    )
+
+    message = (_Ids or _ids())()
     try:
         message.ParseFromString(b"\x0a" + _leb128(len(data)) + data)
     except _ProtobufDecodeError as exc:  # unreachable: the stream was checked above
@@ -150,6 +160,8 @@ def _unpack_varints_protobuf(data: bytes) -> list[int]:
 
 def unpack_varints_numpy(data: bytes) -> list[int]:
     """Vectorised LEB128 decoder that validates every varint (same contract as :func:`unpack_varints`)."""
+    import numpy as np
+
     raw = np.frombuffer(data, dtype=np.uint8)
     if raw.size == 0:
         return []

@@ -25,13 +25,16 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Final
-
-import zstandard
+from typing import TYPE_CHECKING, Final
 
 from m2mwire.codecs.checksum import crc32
 from m2mwire.codecs.limits import MiB, check_size
 from m2mwire.errors import DecodeError, EncodeError
+
+# zstandard is imported where a context or dictionary is used (~50 ns once loaded), not here: every
+# session imports this module for its constants, and only zstd sessions need the library.
+if TYPE_CHECKING:
+    import zstandard
 
 __all__ = [
     "DEFAULT_LEVEL",
@@ -58,7 +61,7 @@ ZSTD_PREFIX: Final = "#ZS|"
 
 #: The window is what each direction's decoder keeps in memory (and the compressor's history).
 DEFAULT_WINDOW: Final = 1 * MiB
-MIN_WINDOW: Final = 1 << zstandard.WINDOWLOG_MIN  # 1 KiB
+MIN_WINDOW: Final = 1 << 10  # 1 KiB: zstandard.WINDOWLOG_MIN (tests/codecs/test_zstdcontext.py)
 MAX_WINDOW: Final = 8 * MiB
 #: zstd level 3 (the library default); benchmarks/bench_context.py compares levels 1-6.
 DEFAULT_LEVEL: Final = 3
@@ -70,7 +73,6 @@ _MAX_RATIO: Final = _BLOCK_MAX // _MIN_BLOCK_INPUT  # 32768 output bytes per inp
 OUTPUT_SLACK: Final = 1 * MiB
 _OUTPUT_CHUNK: Final = 64 * 1024  # decompressobj's write_size: output is gathered in such pieces
 _CRC_SIZE: Final = 4
-_FLUSH_BLOCK: Final = zstandard.COMPRESSOBJ_FLUSH_BLOCK
 _MAX_HASH_LOG: Final = 15
 _MAX_CHAIN_LOG: Final = 14
 
@@ -111,6 +113,8 @@ class ZstdDictionary:
         if not isinstance(self.data, bytes) or not self.data:
             raise EncodeError("a zstd dictionary is non-empty bytes (e.g. from train_dictionary())")
         object.__setattr__(self, "id", hashlib.sha256(self.data).hexdigest())
+        import zstandard
+
         object.__setattr__(self, "_compiled", zstandard.ZstdCompressionDict(self.data))
 
     @property
@@ -122,6 +126,8 @@ def train_dictionary(samples: Sequence[bytes], size: int = 64 * 1024) -> ZstdDic
     """Train a dictionary of about ``size`` bytes from sample messages (zstd's COVER trainer)."""
     if not samples:
         raise EncodeError("train_dictionary() needs sample messages")
+    import zstandard
+
     try:
         trained = zstandard.train_dictionary(size, list(samples))
     except zstandard.ZstdError as exc:
@@ -158,6 +164,8 @@ class ContextCompressor:
         self.messages = 0  # compressed since the last reset
 
     def _start(self) -> zstandard.ZstdCompressionObj:
+        import zstandard
+
         level_defaults = zstandard.ZstdCompressionParameters.from_level(self._level)
         params = zstandard.ZstdCompressionParameters.from_level(
             self._level,
@@ -178,11 +186,13 @@ class ContextCompressor:
 
     def compress(self, data: bytes, prefix: bytes = b"") -> bytes:
         """``prefix`` + the payload for one message: CRC-32 + the flushed zstd bytes (history is kept)."""
+        import zstandard
+
         cobj = self._cobj or self._start()
         try:
             # compress() only buffers a message smaller than a block; flush() emits it all.
             head = cobj.compress(data)
-            tail = cobj.flush(_FLUSH_BLOCK)
+            tail = cobj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
         except zstandard.ZstdError as exc:  # pragma: no cover - zstd fails only on exhausted memory
             raise EncodeError(f"zstd compression failed: {exc}") from None
         self.messages += 1
@@ -211,6 +221,8 @@ class ContextDecompressor:
         self.messages = 0  # decompressed since the last reset
 
     def _start(self) -> zstandard.ZstdDecompressionObj:
+        import zstandard
+
         dict_data = self._dictionary.compiled if self._dictionary is not None else None
         # max_window_size: a frame header asking for a larger window (more memory) is refused.
         self._dctx = zstandard.ZstdDecompressor(dict_data=dict_data, max_window_size=self._window)
@@ -231,6 +243,8 @@ class ContextDecompressor:
                 f"zstd context payload is {size + _CRC_SIZE} bytes: shorter than its 4-byte CRC-32"
             )
         expected = int.from_bytes(payload[offset:start], "big")
+        import zstandard
+
         dobj = self._dobj or self._start()
         data = payload[start:]
         try:

@@ -25,7 +25,7 @@ from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
@@ -40,8 +40,7 @@ from m2mwire.codecs import (
     encode_m2m_binary,
     select_algorithm,
 )
-from m2mwire.codecs.avp import FLAG_COMPRESSED, AVPMessage, payload_size
-from m2mwire.codecs.avp import decode as avp_decode
+from m2mwire.codecs.avpheader import FLAG_COMPRESSED, payload_size
 from m2mwire.codecs.buffers import Buffer
 from m2mwire.codecs.jsonutil import check_json_text, dumps_compact, loads_limited, parse_json
 from m2mwire.codecs.select import NONE_BELOW
@@ -87,6 +86,9 @@ from m2mwire.session.negotiation import (
 )
 from m2mwire.session.resume import ResumeState, message_size, new_token
 from m2mwire.session.zstdstate import ZstdSessionState, text_form_bound
+
+if TYPE_CHECKING:
+    from m2mwire.codecs.avp import AVPMessage  # imported when a frame arrives: numpy stays off text sessions
 
 __all__ = [
     "AVP_MORE_KEY",
@@ -616,6 +618,8 @@ class SessionProtocol:
                     return None
                 # bytes take avp's quickest input path; a compressed payload is held to max_payload
                 # (and a hidden state to its shape) before anything is decompressed
+                from m2mwire.codecs.avp import decode as avp_decode  # numpy/protobuf: AVP sessions only
+
                 frame = avp_decode(data, max_output_bytes=self._payload_limit)
                 payload_bytes = len(frame.payload)
                 # the payload is a view into the frame unless it was decompressed

@@ -175,3 +175,8 @@ def test_large_messages_take_the_sliced_path_and_round_trip() -> None:
     assert dc.decompress(payload, 16 << 20) == big
     again = big[: 1 << 20] + b"tail"  # history still in step after the sliced message
     assert dc.decompress(cc.compress(again), 16 << 20) == again
+
+
+def test_min_window_is_zstds_smallest() -> None:
+    """MIN_WINDOW is written as a number (zstdcontext does not import zstandard until used)."""
+    assert MIN_WINDOW == 1 << zstandard.WINDOWLOG_MIN
