@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits
+from m2mwire.codecs.utf8 import utf8_len
 from m2mwire.errors import DecodeError, EncodeError, LimitExceeded
 
 __all__ = ["check_json_limits", "dumps_compact", "json_path", "loads_limited"]
@@ -85,7 +86,7 @@ def _utf8_len_over(s: str, limit: int) -> int:
     n = len(s)
     if n * 4 <= limit:  # a code point is at most 4 UTF-8 bytes
         return 0
-    size = n if s.isascii() else len(s.encode("utf-8", "surrogatepass"))
+    size = utf8_len(s)
     return size if size > limit else 0
 
 

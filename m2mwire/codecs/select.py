@@ -16,6 +16,7 @@ from enum import StrEnum
 from typing import Literal
 
 from m2mwire.codecs.tokenizers import Encoding, resolve_encoding
+from m2mwire.codecs.utf8 import utf8_len
 from m2mwire.errors import EncodeError
 
 __all__ = [
@@ -193,7 +194,7 @@ _TK, _T1, _BR, _DI, _NONE, _M2M = (
 def _sizes(content: str) -> tuple[int, int]:
     """(UTF-8 bytes, characters)."""
     chars = len(content)
-    return (chars if content.isascii() else len(content.encode("utf-8", "surrogatepass"))), chars
+    return utf8_len(content), chars
 
 
 def _bytes_order(content: str) -> list[Algorithm]:

@@ -51,6 +51,7 @@ from m2mwire.codecs.t1_tables import (
     SEED_ROLES,
     SEED_TOOL_KEYS,
 )
+from m2mwire.codecs.utf8 import utf8_len
 from m2mwire.errors import DecodeError, EncodeError, LimitExceeded
 
 __all__ = [
@@ -679,7 +680,7 @@ def _check_text_size(text: str, limit: int, what: str, name: str) -> None:
     n = len(text)
     if n * 4 <= limit:  # cannot be over: at most 4 UTF-8 bytes per code point
         return
-    size = n if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    size = utf8_len(text)
     if size > limit:
         raise LimitExceeded(f"{what} is {size} bytes, over {name}={limit}", limit=limit, actual=size)
 
@@ -738,7 +739,7 @@ def decode_t1(wire: str, *, limits: Limits = DEFAULT_LIMITS) -> str:
     never returns a partial result.
     """
     obj = _parse_wire(wire, limits)
-    size = len(wire) if wire.isascii() else len(wire.encode("utf-8", "surrogatepass"))
+    size = utf8_len(wire)
     limit = limits.max_output_bytes
     try:
         tildes = wire.count(ESCAPE)

@@ -49,6 +49,7 @@ from m2mwire.codecs.select import (
 )
 from m2mwire.codecs.tokenizers import Encoding, resolve_encoding
 from m2mwire.codecs.tokennative import TK_PREFIX, decode_tokennative, encode_tokennative, parse_tk_header
+from m2mwire.codecs.utf8 import utf8_len
 from m2mwire.codecs.varint import utf8
 from m2mwire.errors import DecodeError, EncodeError, LimitExceeded
 
@@ -70,10 +71,6 @@ class Decoded(NamedTuple):
 
 
 _NONE = Algorithm.NONE  # Enum member reads cost ~0.12 us on Python 3.11; this is the hot one
-
-
-def _utf8_size(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 def detect_algorithm(wire: str) -> Algorithm:
@@ -114,7 +111,7 @@ def decode_wire(wire: str, *, limits: Limits = DEFAULT_LIMITS) -> Decoded:
     """Decode any M2M wire string; returns the content with the algorithm (and tokenizer) used."""
     if not isinstance(wire, str):
         raise DecodeError(f"a wire message is a str, not {type(wire).__name__}")
-    size = len(wire) if wire.isascii() else _utf8_size(wire)
+    size = utf8_len(wire)
     check_size("wire message", size, limits.max_message_bytes)
     if not wire.startswith("#"):  # fast path: no prefix at all, so NONE (the per-message hot case)
         check_size("content", size, limits.max_output_bytes)
@@ -144,7 +141,7 @@ def decode_wire(wire: str, *, limits: Limits = DEFAULT_LIMITS) -> Decoded:
             "a #ZS| message is compressed in its session's zstd context (all earlier messages are its "
             "history), so only that session can decode it"
         )
-    check_size("content", _utf8_size(wire), limits.max_output_bytes)
+    check_size("content", utf8_len(wire), limits.max_output_bytes)
     return Decoded(wire, Algorithm.NONE)
 
 
@@ -210,7 +207,7 @@ def encode_with(
     The session's per-message path: it checked both against what was negotiated, so nothing is
     looked up or validated twice. ``algorithm`` must not be ZLIB (never emitted).
     """
-    size = len(content) if content.isascii() else _utf8_size(content)
+    size = utf8_len(content)
     if size > limits.max_output_bytes:  # a peer with the same limits could not decode it
         check_size("content", size, limits.max_output_bytes)
     if algorithm is _NONE:  # the per-message hot case: checks only, no copy

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import msgspec
 
 from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits
+from m2mwire.codecs.utf8 import utf8_len
 from m2mwire.errors import LimitExceeded, ProtocolError
 from m2mwire.schemas.identity import ModelIdentity
 
@@ -260,7 +261,7 @@ def decode_data(text: str, *, limits: Limits = DEFAULT_LIMITS) -> DataEnvelope |
     """
     if not text.startswith(_DATA_START):
         return None
-    size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+    size = utf8_len(text)
     if size > limits.max_message_bytes:
         return None
     try:
@@ -316,10 +317,7 @@ class Decoded(msgspec.Struct, frozen=True):
 
 def decode_message(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS) -> Decoded:
     """Parse one envelope. Raises ProtocolError(code="MALFORMED_MESSAGE") when it matches no shape."""
-    if isinstance(text, str):
-        size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
-    else:
-        size = len(text)
+    size = utf8_len(text) if isinstance(text, str) else len(text)
     if size > limits.max_message_bytes:
         raise LimitExceeded(
             f"session message is {size} bytes, over the limit of {limits.max_message_bytes} bytes",
