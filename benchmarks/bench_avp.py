@@ -1,6 +1,7 @@
 """AVP codec speed and memory: m2mwire vs the reference SDK (`avp` 0.6.2), same frames, same process.
 
 Run: .venv/bin/python benchmarks/bench_avp.py   (about a minute on a 2-core host; prints a table)
+     .venv/bin/python benchmarks/bench_avp.py --paths   (each fast path vs its general path, seconds)
 
 Cases (medians of interleaved trials, so both sides see the same machine state):
 * hidden state: 4096 float32 (16 KiB) with realistic metadata, encode + decode + tensor view (+ metadata);
@@ -87,6 +88,36 @@ def bench_hidden() -> dict[str, float]:
     return interleaved(contenders, trials=HIDDEN_TRIALS, number=HIDDEN_NUMBER)
 
 
+def bench_paths() -> list[tuple[str, float, float]]:
+    """Each AVP fast path against the general path it shortcuts, same frames (``--paths``): kept only
+    where it measurably helps. Returns (case, general us, fast us)."""
+    from m2mwire.codecs import avp as codec
+    from m2mwire.codecs.limits import DEFAULT_LIMITS
+
+    out = []
+    for n in (256, 4096):
+        hidden = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+        md = avp.AVPMetadata(**META, tensor_shape=(n,))  # type: ignore[arg-type]
+        frame = avp.encode(hidden, md)
+        assert b"".join(codec._general_parts(hidden, md, False, {})) == frame
+        for _ in range(3):  # learn the template: later decodes take the known-prefix path
+            avp.decode(frame)
+        # Default arguments bind this iteration's values (the lambdas run inside the loop anyway).
+        t = interleaved(
+            {
+                "enc general": lambda h=hidden, m=md: codec._general_parts(h, m, False, {}),
+                "enc fast": lambda h=hidden, m=md: codec._fast_parts(h, m),
+                "dec general": lambda f=frame: avp.decode(f, limits=DEFAULT_LIMITS),
+                "dec fast": lambda f=frame: avp.decode(f),
+            },
+            trials=15,
+            number=2000,
+        )
+        out.append((f"encode_parts, {n} fp32", t["enc general"] * 1e6, t["enc fast"] * 1e6))
+        out.append((f"decode, {n} fp32", t["dec general"] * 1e6, t["dec fast"] * 1e6))
+    return out
+
+
 def kv_layers() -> list[tuple[np.ndarray[Any, Any], np.ndarray[Any, Any]]]:
     rng = np.random.default_rng(0)
     shape = (HEADS, TOKENS, HEAD_DIM)
@@ -165,6 +196,11 @@ def memory(which: str, level: int) -> int:
 
 def main() -> int:
     started = time.perf_counter()
+    if "--paths" in sys.argv:
+        print("AVP fast paths vs the general paths (medians of 15 interleaved trials x 2000 calls):")
+        for case, general, fast in bench_paths():
+            print(f"  {case:24s} general {general:6.2f} us  fast {fast:6.2f} us  ({general / fast:.2f}x)")
+        return 0
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(
         f"AVP codec benchmark: m2mwire vs avp {sdk.AVP_VERSION_STRING}, python {sys.version.split()[0]}, "

@@ -317,6 +317,14 @@ def encode_parts(
         parts = _fast_parts(payload, metadata)
         if parts is not None:
             return parts
+    return _general_parts(payload, metadata, compress, fields)
+
+
+def _general_parts(
+    payload: PayloadLike, metadata: AVPMetadata | None, compress: bool | int, fields: MetadataFields
+) -> list[bytes | memoryview]:
+    """The general encoder (every input :func:`encode_parts` takes); :func:`_fast_parts` must give
+    the same bytes wherever it applies (tests/codecs/test_avp_differential.py)."""
     md = resolve_metadata(metadata, fields)
     chunks, total, dtype, shape = _prepare(payload, md, requested_dtype(fields, md))
     return build_frame(chunks, total, md, dtype, shape, zstd_level(compress))
