@@ -85,7 +85,7 @@ from m2mwire.session.negotiation import (
     negotiate_server,
 )
 from m2mwire.session.resume import ResumeState, message_size, new_token
-from m2mwire.session.zstdstate import ZstdSessionState, text_form_bound
+from m2mwire.session.zstdstate import ZstdMessage, ZstdSessionState, text_form_bound
 
 if TYPE_CHECKING:
     from m2mwire.codecs.avp import AVPMessage  # imported when a frame arrives: numpy stays off text sessions
@@ -559,7 +559,7 @@ class SessionProtocol:
                         return None
                 message = self._on_data(data.session_id, data.payload, now)
                 if message is not None and self.resume is not None:
-                    self._count_received(len(text))
+                    self._count_received(len(text), message)
                 return message
         if len(text) > CONTROL_MESSAGE_LIMIT and not self._large_message_allowed(text):
             return None
@@ -581,7 +581,7 @@ class SessionProtocol:
         handler = _HANDLERS[msg.type]
         result = handler(self, msg.session_id, msg.payload, now)
         if result is not None and self.resume is not None:
-            self._count_received(len(text))
+            self._count_received(len(text), result)
         return result
 
     def receive_binary(self, data: bytes | bytearray | memoryview, now: float) -> Message | None:
@@ -664,6 +664,7 @@ class SessionProtocol:
                 if message_or_none is None:
                     return None
                 message = message_or_none
+                size = self._zstd.received_size  # resume counts it decompressed (PROTOCOL.md §9)
             elif first in _TOKENNATIVE_BINARY_IDS:
                 text = decompress_binary(view, limits=self._limits)
                 message = Message(
@@ -819,8 +820,9 @@ class SessionProtocol:
             envelope = state.envelope(content_type, correlation)
             inner = len(envelope) + original
             if inner <= limit and 1 + payload_bound(inner) <= limit:
-                frame = state.encode_binary(envelope, text)
-                self._queue_output(SendMessage((frame,)))
+                zmessage = ZstdMessage(envelope + text.encode("utf-8"))
+                frame = state.binary_frame(zmessage)
+                self._queue_data(SendMessage((frame,)), zmessage)  # resume retains zmessage, not frame
                 if self.config.token_stats:
                     tokens = (count_tokens(text), _zstd_binary_tokens(frame))
                     self.stats.original_tokens_sent += tokens[0]
@@ -836,9 +838,9 @@ class SessionProtocol:
         payload.content, payload.original_size, payload.content_type = "", original, content_type
         # The envelope without its content, measured exactly (request and trace fields vary).
         if text_form_bound(original) + _utf8_len(encode_data(payload, info.session_id)) <= limit:
-            wire = state.encode_text(text.encode("utf-8"))
-            payload.content = wire
-            self._queue_output(SendMessage(encode_data(payload, info.session_id)))
+            zmessage = ZstdMessage(text.encode("utf-8"), payload)
+            self._queue_data(SendMessage(state.wire(zmessage)), zmessage)
+            wire = payload.content
             if self.config.token_stats:
                 tokens = (count_tokens(text), count_tokens(wire))
                 self.stats.original_tokens_sent += tokens[0]
@@ -1415,6 +1417,9 @@ class SessionProtocol:
         self._pong_deadline = self._ping_sent_at = None
         self._on_resume()
         for message in pending:
+            if isinstance(message, ZstdMessage):  # compressed again in the fresh context
+                assert self._zstd is not None  # only a zstd session retains one
+                message = self._zstd.wire(message)
             self._queue_output(SendMessage(message))
         self.stats.reconnects += 1
         self.stats.retransmitted += len(pending)
@@ -1426,6 +1431,7 @@ class SessionProtocol:
         Per-session codec state (a compression context, say) is reset here on both ends: the
         peer's decoder restarts too, and retransmitted messages are those retained, so a codec
         with state must retain its input and encode it again here (docs/PROTOCOL.md "Resume")."""
+        self.reset_codec_state()
 
     def _detach(self, reason: str, now: float) -> None:
         self.attached = False
@@ -1438,10 +1444,16 @@ class SessionProtocol:
         log.info("session %s detached: %s", self._session_id or "-", reason)
         self._events.append(Detached(reason))
 
-    def _queue_data(self, out: SendMessage) -> None:
+    def _queue_data(self, out: SendMessage, zstd: ZstdMessage | None = None) -> None:
+        """Queue a DATA message; with resume, retain it (``zstd``: in the form to compress again)."""
         r = self.resume
         if r is None:
             self._queue_output(out)
+            return
+        if zstd is not None:
+            r.on_sent(zstd, zstd.size)
+            if self._live:
+                self._queue_output(out)
             return
         message = out.message
         if not isinstance(message, str) and any(type(part) is not bytes for part in message):
@@ -1452,9 +1464,11 @@ class SessionProtocol:
         if self._live:
             self._queue_output(out)
 
-    def _count_received(self, size: int) -> None:
+    def _count_received(self, size: int, message: Message | None = None) -> None:
         r = self.resume
         assert r is not None
+        if message is not None and message.algorithm == "zstd":  # text form: counted decompressed,
+            size += message.original_bytes - message.wire_bytes  # the content for its #ZS| string
         if r.on_received(size) and self._live:
             self._send_ack()
 
@@ -1521,12 +1535,7 @@ class SessionProtocol:
         self.info = SessionInfo(
             session_id=self._session_id,
             role=self.role,
-            # Resume and the zstd context are not combined yet (a context cannot be re-synchronised
-            # from retained frames): a session that negotiated resume does not use zstd, on both
-            # ends alike, since both know resume was granted before this point.
-            algorithms=result.algorithms
-            if self.resume is None
-            else tuple(a for a in result.algorithms if a is not Algorithm.ZSTD),
+            algorithms=result.algorithms,
             encoding=result.encoding,
             mode=result.mode,
             mode_reason=result.mode_reason,
@@ -1541,7 +1550,7 @@ class SessionProtocol:
         self._payload_limit = result.max_payload or self.config.limits.max_message_bytes
         if self._payload_limit < self._limits.max_output_bytes:
             self._limits = replace(self._limits, max_output_bytes=self._payload_limit)
-        if result.zstd is not None and self.resume is None:
+        if result.zstd is not None:
             options = self.config.zstd
             self._zstd = ZstdSessionState(
                 self._session_id,

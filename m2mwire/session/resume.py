@@ -14,7 +14,12 @@ what it sent (a full buffer holds at least ``buffer`` bytes, more than the quart
 at most one small message per ``ACK_EVERY`` DATA messages.
 
 Sizes are counted the same way on both ends: the length of a text message in characters (what
-``len()`` of the envelope gives), of a binary message in bytes.
+``len()`` of the envelope gives), of a binary message in bytes; a zstd-context message counts
+decompressed (a binary one: envelope line + content; the text form: its envelope with the content
+in place of the ``#ZS|`` string). It is retained uncompressed (a
+:class:`~m2mwire.session.zstdstate.ZstdMessage`, compressed again after a resume), so the bound
+holds on what retention keeps in memory, and the receiver's count still reaches a quarter of the
+sender's buffer when that buffer is full.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from collections.abc import Iterator, Sequence
 from m2mwire.codecs.buffers import Buffer
 from m2mwire.codecs.limits import MiB
 from m2mwire.errors import ProtocolError
+from m2mwire.session.zstdstate import ZstdMessage
 
 __all__ = ["ACK_EVERY", "DEFAULT_RESUME_BUFFER", "ResumeState", "message_size", "new_token"]
 
@@ -34,7 +40,7 @@ DEFAULT_RESUME_BUFFER = 16 * MiB
 ACK_EVERY = 64  # DATA messages received before an ACK is due, whatever their size
 _TOKEN_BYTES = 32  # 256 bits of secret: a session id alone never resumes a session
 
-RetainedMessage = str | Sequence[Buffer]
+RetainedMessage = str | Sequence[Buffer] | ZstdMessage
 
 
 def new_token() -> str:
@@ -43,6 +49,8 @@ def new_token() -> str:
 
 def message_size(message: RetainedMessage) -> int:
     """Size of one message as both ends count it for acknowledgements (see the module docstring)."""
+    if isinstance(message, ZstdMessage):
+        return message.size
     if isinstance(message, str):
         return len(message)
     return sum(memoryview(part).nbytes for part in message)

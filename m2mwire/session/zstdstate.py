@@ -5,6 +5,10 @@ what we send and a decompressor for what we receive, both with the agreed window
 zstd's memory is taken on the first message of each direction, so a session that never uses zstd
 costs nothing. :meth:`ZstdSessionState.reset` forgets both histories at once: resuming a session
 (docs/PROTOCOL.md, "Context compression") calls it, then compresses retransmitted messages again.
+
+Resume retains a zstd message as a :class:`ZstdMessage` (what went into the context, never its
+compressed bytes: those are only valid in the context they were made in) and :meth:`wire` turns it
+into its wire form in the context of the moment, the first time and after a reset alike.
 """
 
 from __future__ import annotations
@@ -21,9 +25,9 @@ from m2mwire.codecs.zstdcontext import (
     payload_bound,
 )
 from m2mwire.errors import DecodeError
-from m2mwire.schemas.messages import DataPayload, decode_data_bytes, encode_data_bytes
+from m2mwire.schemas.messages import DataPayload, decode_data_bytes, encode_data, encode_data_bytes
 
-__all__ = ["ContentType", "ZstdSessionState", "inner_message", "text_form_bound"]
+__all__ = ["ContentType", "ZstdMessage", "ZstdSessionState", "inner_message", "text_form_bound"]
 
 _PREFIX_LEN = len(ZSTD_PREFIX)
 
@@ -60,10 +64,37 @@ def _text(data: bytes) -> str:
         raise DecodeError(f"zstd content is not valid UTF-8 at byte {exc.start} ({exc.reason})") from None
 
 
+class ZstdMessage:
+    """One zstd message as resume retains it: what goes through the context, never the compressed
+    bytes (they decode only in the context they were made in; after a resume both contexts restart,
+    docs/PROTOCOL.md "Resume").
+
+    Binary form: ``inner`` is the envelope line + content (see :func:`inner_message`) and
+    ``payload`` is None. Text form: ``inner`` is the content and ``payload`` its DATA payload,
+    whose ``content`` is replaced by the ``#ZS|`` string each time it is encoded. ``size`` is what
+    resume counts for it on both ends: the message decompressed (see :meth:`ZstdSessionState.wire`).
+    """
+
+    __slots__ = ("inner", "payload", "size")
+
+    def __init__(self, inner: bytes, payload: DataPayload | None = None) -> None:
+        self.inner = inner
+        self.payload = payload
+        self.size = len(inner) if payload is None else -1  # text form: set by the first wire()
+
+
 class ZstdSessionState:
     """Both directions' zstd contexts of one session."""
 
-    __slots__ = ("_envelopes", "_known", "_receiver", "_sender", "_session_id", "peer_binary")
+    __slots__ = (
+        "_envelopes",
+        "_known",
+        "_receiver",
+        "_sender",
+        "_session_id",
+        "peer_binary",
+        "received_size",
+    )
 
     def __init__(
         self,
@@ -86,6 +117,7 @@ class ZstdSessionState:
             text: (session_id, "text"),
             json: (session_id, "json"),
         }
+        self.received_size = 0  # decompressed bytes of the last binary message (resume counts them)
 
     def envelope(self, content_type: ContentType, correlation: DataPayload | None = None) -> bytes:
         """The envelope line of a binary message (see inner_message); ``correlation`` carries a
@@ -99,6 +131,27 @@ class ZstdSessionState:
         """A binary message: ``0x5A`` + the payload of ``envelope`` (from :meth:`envelope`) + ``text``."""
         return self._sender.compress(envelope + text.encode("utf-8"), ZSTD_KIND_BYTE)
 
+    def wire(self, message: ZstdMessage) -> str | tuple[bytes]:
+        """``message`` compressed in the context as it is now: a binary message (as the one
+        buffer of a SendMessage) or a text DATA envelope carrying ``#ZS|``.
+
+        The first call fixes ``message.size`` for the text form: the envelope's characters with
+        the ``#ZS|`` string replaced by the content's bytes, which is also what the receiver can
+        count (the length of what it got, minus the wire content, plus the decoded content).
+        """
+        payload = message.payload
+        if payload is None:
+            return (self.binary_frame(message),)
+        wire = payload.content = self.encode_text(message.inner)
+        envelope = encode_data(payload, self._session_id)
+        if message.size < 0:
+            message.size = len(envelope) - len(wire) + len(message.inner)
+        return envelope
+
+    def binary_frame(self, message: ZstdMessage) -> bytes:
+        """A binary-form ``message`` (``payload`` None) compressed in the context: ``0x5A`` + payload."""
+        return self._sender.compress(message.inner, ZSTD_KIND_BYTE)
+
     def encode_text(self, content: bytes) -> str:
         """A ``#ZS|`` wire string carrying ``content`` (the DATA content only)."""
         return ZSTD_PREFIX + b64encode(self._sender.compress(content))
@@ -110,6 +163,7 @@ class ZstdSessionState:
         payload is None for a plain envelope of this session, which is recognised without parsing.
         At most ``limit`` bytes are decompressed. Raises DecodeError, LimitExceeded or ProtocolError."""
         raw = self._receiver.decompress(frame, limit, 1)
+        self.received_size = len(raw)
         split = raw.find(b"\n") + 1  # compact JSON never holds a raw line feed: the envelope ends here
         if not split:
             raise DecodeError("zstd binary message holds no line feed between the envelope and the content")

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from m2mwire import avp
-from m2mwire.codecs import Encoding
+from m2mwire.codecs import Algorithm, Encoding
 from m2mwire.errors import ProtocolError, SessionClosed
 from m2mwire.schemas.identity import ModelIdentity
-from m2mwire.session.config import SessionConfig
+from m2mwire.session.config import SessionConfig, ZstdOptions
 from m2mwire.session.core import (
     Closed,
     Detached,
@@ -226,3 +226,71 @@ def test_session_timeout_none_never_closes_an_idle_session() -> None:
         deliver(client, server, now)
         deliver(server, client, now)
     assert client.state.value == "ESTABLISHED" and drain(client) == []
+
+
+# -- zstd context across a resume (docs/PROTOCOL.md "Resume", "Context compression") ------------
+
+
+def _prose(i: int) -> str:
+    """Text that compresses in context (shared words) but not to nothing (a counter, new words)."""
+    return f"step {i}: the agent read file_{i * 7919 % 1000}.py and wrote {i * i} lines. " * 6
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_zstd_resumes_with_fresh_contexts_and_retransmits_recompressed(binary: bool) -> None:
+    zstd = ZstdOptions(binary=binary)  # binary=False: each side asks the other for #ZS| text
+    client, server = established(cfg(resume=True, zstd=zstd), cfg(zstd=zstd))
+    assert client.info is not None and Algorithm.ZSTD in client.info.algorithms
+    client.send(_prose(1), 1.0)
+    server.send(_prose(2), 1.0)
+    before = deliver(client, server) + deliver(server, client)
+    # the connection dies with c3, c4 and s5 in flight; c6 is sent while detached
+    client.send(_prose(3), 2.0)
+    client.send({"n": 4, "text": _prose(4)}, 2.0)
+    server.send(_prose(5), 2.0)
+    deliver(client, server, lose=True)
+    deliver(server, client, lose=True)
+    client.transport_closed(None, 3.0)
+    server.transport_closed(None, 3.0)
+    drain(client), drain(server)
+    client.send(_prose(6), 4.0)
+    fresh = SessionProtocol(Role.SERVER, cfg(zstd=zstd))
+    fresh.initiate(5.0)
+    client.begin_resume(5.0)
+    deliver(client, fresh)
+    (request,) = drain(fresh)
+    assert isinstance(request, ResumeRequested)
+    server.attach(request.received, 5.0)
+    after = deliver(server, client, 5.0) + deliver(client, server, 5.0)
+    client.send(_prose(7), 6.0)
+    server.send(_prose(8), 6.0)
+    after += deliver(client, server, 6.0) + deliver(server, client, 6.0)
+    assert [m.value["text"] if m.kind == "json" else m.text for m in before + after] == [
+        _prose(i) for i in (1, 2, 5, 3, 4, 6, 7, 8)
+    ]
+    assert all(m.algorithm == "zstd" and m.binary is binary for m in before + after)
+    assert client.state.value == server.state.value == "ESTABLISHED"
+    assert client.stats.retransmitted == 3 and server.stats.retransmitted == 1
+    # the retransmissions started new frames: a context that was not reset would have failed
+    assert sum(m.wire_bytes for m in after) < sum(m.original_bytes for m in after) / 3
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_zstd_messages_count_decompressed_on_both_ends(binary: bool) -> None:
+    """The retention bound holds on what is kept (uncompressed), and the receiver counts the same
+    size, so its quarter-of-the-buffer ACK comes before the sender's buffer is full."""
+    zstd = ZstdOptions(binary=binary)
+    client, server = established(cfg(resume=True, resume_buffer_bytes=40_000, zstd=zstd), cfg(zstd=zstd))
+    assert client.resume is not None and server.resume is not None
+    for i in range(5):
+        client.send(_prose(i), 1.0)
+    retained = client.resume.retained_bytes
+    assert retained >= 5 * len(_prose(0))  # uncompressed: the bound is on memory held
+    got = deliver(client, server)
+    assert all(m.algorithm == "zstd" for m in got) and sum(m.wire_bytes for m in got) < retained / 4
+    assert server.resume._unacked_bytes == retained  # the same count on both ends
+    while not client.resume.full:
+        client.send(_prose(9), 1.0)
+    deliver(client, server)
+    deliver(server, client)  # the ACK that a quarter of the buffer triggered
+    assert not client.resume.full
