@@ -165,6 +165,32 @@ def goals(results: dict[str, dict[str, float]], speed: tuple[float, float], rtt:
     print()
 
 
+def where_bytes_go(names: tuple[str, ...] = ("multi_turn", "agent_loop")) -> None:
+    """zstd's wire bytes split into compressed data, per-message framing (kind byte + CRC-32) and
+    WebSocket headers; then the same messages through ONE context for both directions (each side's
+    history would include what it received): the bound cross-direction history could reach."""
+    print("== 1b. Where zstd's bytes go (% of content bytes): data + framing + WS headers = total")
+    for name in names:
+        messages = _inner_messages(name)
+        content = sum(len(c if isinstance(c, str) else dumps_compact(c).encode()) for _, c in workload(name))
+        per_direction = {"client": ContextCompressor(), "server": ContextCompressor()}
+        joint = ContextCompressor()
+        data = shared = headers = 0
+        for sender, inner in messages:
+            payload = per_direction[sender].compress(inner)
+            data += len(payload) - 4  # the CRC-32 is framing
+            shared += len(joint.compress(inner)) - 4
+            headers += ws_header(1 + len(payload), masked=sender == "client")
+        framing = 5 * len(messages)
+        total = data + framing + headers
+        print(
+            f"  {name:14} {data / content:6.2%} + {framing / content:5.2%} + {headers / content:5.2%} "
+            f"= {total / content:6.2%}   one context for both directions: "
+            f"{(shared + framing + headers) / content:6.2%}"
+        )
+    print()
+
+
 def level_sweep() -> None:
     print("== 2. zstd level: wire % (as table 1) and compression MB/s of the context codec")
     for name in ("agent_loop", "multi_turn", "no_repetition"):
@@ -373,6 +399,7 @@ def main() -> None:
         memory_child(algorithm, int(sessions), name)
         return
     results = wire_table(list(WORKLOADS))
+    where_bytes_go()
     level_sweep()
     speed = speed_section()
     memory_section(100 if args.quick else 1000)
