@@ -20,6 +20,8 @@ Every layer raises these, so this module is the bottom one: it imports nothing f
     +-- ModeError              e.g. an AVP frame sent on a session negotiated to JSON mode
     +-- TransportError         the underlying WebSocket/QUIC connection failed
     +-- Reject                 raised by a server's on_hello check to refuse a client
+    +-- UnsupportedDependency  an installed library (websockets, ...) is a version m2mwire was not
+                               verified against (also an ImportError)
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ __all__ = [
     "SessionTimeout",
     "TokenizerUnavailable",
     "TransportError",
+    "UnsupportedDependency",
 ]
 
 
@@ -150,3 +153,12 @@ class Reject(M2MError):
         super().__init__(f"{code}: {message}" if message else code)
         self.code = code
         self.message = message
+
+
+class UnsupportedDependency(M2MError, ImportError):
+    """An installed library is a version whose internals m2mwire was not verified against.
+
+    Raised when a transport module is imported, before any connection is made; the message names
+    the versions that are supported and the pip requirement that installs one. Also an ImportError,
+    since it is what importing the transport raises.
+    """

@@ -21,7 +21,7 @@ import sys
 from collections import deque
 from collections.abc import Callable, Generator
 
-from websockets.streams import StreamReader
+from m2mwire.transport.websockets_compat import StreamReader
 
 __all__ = ["ChunkReader"]
 

@@ -5,9 +5,10 @@ permessage-deflate is always off: we compress ourselves, and deflate on tensor f
 60x slower. websockets' own keepalive pings are off too: the session's PING/PONG does that job.
 
 Received messages are pushed to the session straight from the connection's ``data_received``
-(a ``process_event`` override, websockets' documented extension point) instead of going through
-websockets' message queue and a reader task: that saves an event-loop hop per message.
-Backpressure then works at the socket: when the session's inbox is full we pause reading.
+instead of going through websockets' message queue and a reader task: that saves an event-loop
+hop per message. Backpressure then works at the socket: when the session's inbox is full we pause
+reading. That, the copy-saving reader and the certificate pin need websockets internals, which
+``websockets_compat`` holds and checks at import (this module touches none itself).
 
 Resource bounds (docs/PROTOCOL.md, "Resource bounds"): a peer that sends PINGs (or anything else
 websockets answers by itself) without reading the answers stops being read once those answers
@@ -32,9 +33,10 @@ from websockets.asyncio.server import Server, ServerConnection
 from websockets.asyncio.server import serve as ws_serve
 from websockets.exceptions import ConnectionClosed, ConnectionClosedOK, InvalidHandshake, InvalidURI
 from websockets.frames import CloseCode, Frame, Opcode
-from websockets.protocol import Event, State
+from websockets.protocol import State
 
 from m2mwire.errors import TransportError
+from m2mwire.transport import websockets_compat as compat
 from m2mwire.transport.base import Message, OutgoingMessage
 from m2mwire.transport.chunkreader import ChunkReader
 
@@ -65,20 +67,18 @@ _BYTES_PER_FRAGMENT = 64
 _MIN_FRAGMENTS = 1024
 
 # Enum member reads cost ~0.12 us on Python 3.11: these run for every frame.
-_TEXT, _BINARY, _CONT = Opcode.TEXT, Opcode.BINARY, Opcode.CONT
-_DATA_OPCODES = frozenset((_TEXT, _BINARY, _CONT))
+_TEXT, _CONT = Opcode.TEXT, Opcode.CONT
 _OPEN = State.OPEN
 
 OnMessage = Callable[[Message], None]
 OnLost = Callable[[TransportError], None]
 
 
-class _PushMixin:
+class _PushMixin(compat.DataFrameHook):
     """Assemble data frames into messages and hand each to a callback (or buffer until one is set)."""
 
     protocol: Any
     transport: Any
-    send_data: Callable[[], None]
 
     def _m2m_init(self) -> None:
         self.m2m_on_message: OnMessage | None = None
@@ -93,17 +93,15 @@ class _PushMixin:
         self._m2m_session_paused = False
         self._m2m_replies_paused = False
         self._m2m_reading_paused = False
-        self._m2m_writing_paused = False
+        self.m2m_writing_paused = False
         self._m2m_reply_backlog = 0  # bytes of automatic replies queued since writing paused
+        self.m2m_connection_lost = False
         self.m2m_waiter: asyncio.Future[None] | None = None
-        # Swap in the copy-saving reader before any byte arrives; the parser websockets primed
-        # holds the old reader's methods, so it is restarted on the new one.
-        protocol = self.protocol
-        protocol.reader = ChunkReader(
-            bulk_chunk=_FULL_READ, bulk_read=_LARGE_FRAME, on_bulk=self._m2m_read_in_bulk
+        # Swap in the copy-saving reader before any byte arrives.
+        compat.install_reader(
+            self.protocol,
+            ChunkReader(bulk_chunk=_FULL_READ, bulk_read=_LARGE_FRAME, on_bulk=self._m2m_read_in_bulk),
         )
-        protocol.parser = protocol.parse()
-        next(protocol.parser)
 
     def _m2m_read_in_bulk(self) -> None:
         # max_size is the selector transport's read size (an instance attribute overrides the
@@ -130,7 +128,7 @@ class _PushMixin:
             transport.resume_reading()
 
     def data_received(self, data: bytes) -> None:
-        if not self._m2m_writing_paused:
+        if not self.m2m_writing_paused:
             super().data_received(data)  # type: ignore[misc]
             return
         # The peer does not read what we write. websockets answers PINGs (and a close) on its
@@ -151,12 +149,12 @@ class _PushMixin:
 
     def pause_writing(self) -> None:
         super().pause_writing()  # type: ignore[misc]
-        self._m2m_writing_paused = True
+        self.m2m_writing_paused = True
         self._m2m_reply_backlog = 0
 
     def resume_writing(self) -> None:
         super().resume_writing()  # type: ignore[misc]
-        self._m2m_writing_paused = False
+        self.m2m_writing_paused = False
         if self._m2m_replies_paused:
             self._m2m_replies_paused = False
             self._m2m_update_reading()
@@ -165,18 +163,16 @@ class _PushMixin:
 
     def _m2m_too_many_fragments(self) -> None:
         self._m2m_frags = None
-        limit = self.protocol.max_message_size
+        limit = compat.get_max_message_size(self.protocol)
         self.protocol.fail(
             CloseCode.MESSAGE_TOO_BIG,
             f"fragmented message of more than {_fragment_budget(limit)} frames "
             f"(one per {_BYTES_PER_FRAGMENT} bytes of the {limit}-byte message limit)",
         )
-        self.send_data()  # data_received flushed before processing events: flush the close
+        compat.flush(self)  # data_received flushed before processing events: flush the close
 
-    def process_event(self, event: Event) -> None:
-        if type(event) is not Frame or (opcode := event.opcode) not in _DATA_OPCODES:
-            super().process_event(event)  # type: ignore[misc]  # handshake events, pings, pongs
-            return
+    def m2m_data_frame(self, event: Frame) -> None:
+        opcode = event.opcode
         if opcode is _CONT:
             frags = self._m2m_frags
             if frags is None:
@@ -195,7 +191,7 @@ class _PushMixin:
             is_text = self._m2m_text
         elif not event.fin:
             self._m2m_frags, self._m2m_text = [bytes(event.data)], opcode is _TEXT
-            self._m2m_frames_left = _fragment_budget(self.protocol.max_message_size) - 1
+            self._m2m_frames_left = _fragment_budget(compat.get_max_message_size(self.protocol)) - 1
             return
         else:
             data, is_text = bytes(event.data), opcode is _TEXT
@@ -204,7 +200,7 @@ class _PushMixin:
                 message: Message = data.decode()
             except UnicodeDecodeError as exc:
                 self.protocol.fail(CloseCode.INVALID_DATA, f"{exc.reason} at position {exc.start}")
-                self.send_data()  # data_received flushed before processing events: flush the close
+                compat.flush(self)  # data_received flushed before processing events: flush the close
                 return
         else:
             message = data
@@ -217,6 +213,7 @@ class _PushMixin:
 
     def connection_lost(self, exc: Exception | None) -> None:
         super().connection_lost(exc)  # type: ignore[misc]
+        self.m2m_connection_lost = True
         err = _closed(self.protocol.close_exc)
         if self.m2m_on_lost is not None:
             self.m2m_on_lost(err)
@@ -233,21 +230,20 @@ def _fragment_budget(max_message_size: int | None) -> int:
     return max(_MIN_FRAGMENTS, max_message_size // _BYTES_PER_FRAGMENT)
 
 
-class _ClientConnection(_PushMixin, ClientConnection):
+class _ClientConnection(_PushMixin, compat.PinBeforeHandshake, ClientConnection):
     def __init__(self, *args: Any, m2m_fingerprint: str | None = None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._m2m_init()
         self._m2m_fingerprint = m2m_fingerprint
         self.m2m_pin_checked = False
 
-    async def handshake(self, *args: Any, **kwargs: Any) -> None:
+    def m2m_before_handshake(self) -> None:
         # The upgrade request carries the URL's path and query (often a token), Host and
         # User-Agent: a pinned certificate is checked first, so an impostor receives none of
         # it. websockets' connect() aborts the connection on this exception and re-raises it.
         if self._m2m_fingerprint is not None:
             _verify_pin(self.transport, self._m2m_fingerprint)
             self.m2m_pin_checked = True
-        await super().handshake(*args, **kwargs)
 
 
 class _ServerConnection(_PushMixin, ServerConnection):
@@ -271,10 +267,10 @@ class WebSocketChannel:
 
     @property
     def max_message_size(self) -> int:
-        return self._ws.protocol.max_message_size or 0
+        return compat.get_max_message_size(self._ws.protocol) or 0
 
     def set_max_message_size(self, size: int) -> None:
-        self._ws.protocol.max_message_size = size if size > 0 else None
+        compat.set_max_message_size(self._ws.protocol, size if size > 0 else None)
 
     @property
     def remote_address(self) -> str:
@@ -293,7 +289,7 @@ class WebSocketChannel:
         """
         ws = self._ws
         protocol = ws.protocol
-        if ws.paused or protocol.state is not _OPEN:
+        if ws.m2m_writing_paused or protocol.state is not _OPEN:
             return False
         if isinstance(message, str):
             protocol.send_text(message.encode())
@@ -305,7 +301,7 @@ class WebSocketChannel:
             protocol.send_binary(b"".join(message))
         else:
             return False
-        ws.send_data()
+        compat.flush(ws)
         return True
 
     async def send(self, message: OutgoingMessage) -> None:
@@ -353,7 +349,7 @@ class WebSocketChannel:
         finally:
             # Cancelled or timed out before the peer finished the closing handshake: websockets
             # would only drop the TCP connection after its own close_timeout, so do it now.
-            if not self._ws.connection_lost_waiter.done():
+            if not self._ws.m2m_connection_lost:
                 self.abort()
 
     def abort(self) -> None:

@@ -1,0 +1,166 @@
+"""The websockets internals the WebSocket transport relies on, in one place, checked at import.
+
+The transport uses websockets' documented API where there is one: ``connect``/``serve`` with the
+``create_connection`` hook (our connection subclasses), the Sans-I/O protocol's ``send_text``,
+``send_binary``, ``fail``, ``state`` and ``close_exc``, and asyncio's protocol callbacks
+(``data_received``, ``pause_writing``, ...). Four things have no documented API, and are done here
+and nowhere else:
+
+- data frames are taken from the connection's ``process_event`` (a private method) and handed to
+  the session, instead of going through websockets' message queue and a reader task: that saves
+  an event-loop hop per message (:class:`DataFrameHook`);
+- the protocol's stream reader is replaced by our copy-saving ``ChunkReader`` before any byte
+  arrives, which means restarting the parser generator on it (:func:`install_reader`);
+- frames the protocol has queued are written out with the connection's ``send_data`` (private),
+  and the incoming size limit is the protocol's ``max_message_size`` attribute (undocumented);
+- a pinned certificate is checked in an override of the client's ``handshake`` (private), the one
+  moment between the TLS handshake and the HTTP upgrade request (:class:`PinBeforeHandshake`).
+
+Each was read against websockets :data:`VERIFIED_MINOR`. Importing this module with another
+version, or with one of these names missing, raises :class:`m2mwire.errors.UnsupportedDependency`
+naming the supported versions: an upgrade fails loudly instead of silently losing a bound (the
+fragment budget, the reply backlog) or a fast path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any, cast
+
+import websockets.version
+from websockets.asyncio.client import ClientConnection
+from websockets.asyncio.connection import Connection
+from websockets.frames import Frame, Opcode
+from websockets.protocol import Protocol
+from websockets.server import ServerProtocol
+from websockets.streams import StreamReader
+
+from m2mwire.errors import UnsupportedDependency
+
+__all__ = [
+    "VERIFIED_MINOR",
+    "DataFrameHook",
+    "PinBeforeHandshake",
+    "StreamReader",
+    "check_attributes",
+    "check_version",
+    "flush",
+    "get_max_message_size",
+    "install_reader",
+    "required_attributes",
+    "set_max_message_size",
+]
+
+# The websockets minor version this module was read against and the test suite run with; pyproject
+# pins the same range.
+VERIFIED_MINOR = (17, 4)
+_REQUIREMENT = (
+    f"websockets>={VERIFIED_MINOR[0]}.{VERIFIED_MINOR[1]},<{VERIFIED_MINOR[0]}.{VERIFIED_MINOR[1] + 1}"
+)
+
+
+def check_version(version: str) -> None:
+    """Raise UnsupportedDependency unless ``version`` (websockets') is of :data:`VERIFIED_MINOR`."""
+    try:
+        found = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        found = ()
+    if found != VERIFIED_MINOR:
+        raise UnsupportedDependency(
+            f"m2mwire's WebSocket transport was verified against websockets "
+            f"{VERIFIED_MINOR[0]}.{VERIFIED_MINOR[1]}.x and uses some of its internals; found "
+            f"websockets {version}. Install a supported version: pip install '{_REQUIREMENT}'"
+        )
+
+
+def required_attributes() -> list[tuple[str, object, tuple[str, ...]]]:
+    """(what, object, names it must have) for every websockets name used here or in the transport
+    without documentation. Instance attributes are looked up on fresh instances (made without a
+    connection or an event loop)."""
+    return [
+        (
+            "websockets.asyncio.connection.Connection",
+            Connection,
+            ("process_event", "send_data", "data_received", "pause_writing", "resume_writing"),
+        ),
+        ("websockets.asyncio.client.ClientConnection", ClientConnection, ("handshake",)),
+        ("websockets.protocol.Protocol", Protocol, ("parse",)),
+        # Set in Protocol.__init__: only an instance has them.
+        ("a websockets.server.ServerProtocol", ServerProtocol(), ("reader", "parser", "max_message_size")),
+        (
+            "websockets.streams.StreamReader",
+            StreamReader,
+            ("read_line", "read_exact", "read_to_eof", "at_eof", "feed_data", "feed_eof", "discard"),
+        ),
+        ("a websockets.streams.StreamReader", StreamReader(), ("eof",)),
+    ]
+
+
+def check_attributes(required: Iterable[tuple[str, object, tuple[str, ...]]]) -> None:
+    """Raise UnsupportedDependency naming every missing attribute (see :func:`required_attributes`)."""
+    missing = [f"{what}.{name}" for what, obj, names in required for name in names if not hasattr(obj, name)]
+    if missing:
+        raise UnsupportedDependency(
+            f"the installed websockets {websockets.version.version} lacks {', '.join(missing)}, which "
+            f"m2mwire's WebSocket transport relies on (verified against websockets "
+            f"{VERIFIED_MINOR[0]}.{VERIFIED_MINOR[1]}.x). Install a supported version: "
+            f"pip install '{_REQUIREMENT}'"
+        )
+
+
+check_version(websockets.version.version)
+check_attributes(required_attributes())
+
+# Enum member reads cost ~0.12 us on Python 3.11: this runs for every frame.
+_DATA_OPCODES = frozenset((Opcode.TEXT, Opcode.BINARY, Opcode.CONT))
+
+
+class DataFrameHook:
+    """Mixin (before a websockets asyncio ``Connection`` in the bases): data frames go to
+    ``m2m_data_frame`` instead of websockets' message queue; every other event (the handshake,
+    PINGs, PONGs, close frames) is websockets' own business."""
+
+    def m2m_data_frame(self, frame: Frame) -> None:
+        raise NotImplementedError
+
+    def process_event(self, event: Any) -> None:
+        if type(event) is Frame and event.opcode in _DATA_OPCODES:
+            self.m2m_data_frame(event)
+        else:
+            super().process_event(event)  # type: ignore[misc]
+
+
+class PinBeforeHandshake:
+    """Mixin (before ``ClientConnection``): ``m2m_before_handshake`` runs after the TLS handshake
+    and before the HTTP upgrade request is written. websockets' ``connect()`` aborts the connection
+    on an exception from it and re-raises that exception."""
+
+    def m2m_before_handshake(self) -> None:
+        raise NotImplementedError
+
+    async def handshake(self, *args: Any, **kwargs: Any) -> None:
+        self.m2m_before_handshake()
+        await super().handshake(*args, **kwargs)  # type: ignore[misc]
+
+
+def install_reader(protocol: Protocol, reader: StreamReader) -> None:
+    """Make ``protocol`` read through ``reader``; only before any byte was received. The parser
+    websockets primed holds the old reader's methods, so it is restarted on the new one."""
+    protocol.reader = reader
+    protocol.parser = protocol.parse()
+    next(protocol.parser)
+
+
+def flush(connection: Connection | DataFrameHook) -> None:
+    """Write what the protocol has queued (frames, a close) to the connection's transport."""
+    cast(Connection, connection).send_data()
+
+
+def get_max_message_size(protocol: Protocol) -> int | None:
+    """The incoming message size limit (None: none)."""
+    return protocol.max_message_size
+
+
+def set_max_message_size(protocol: Protocol, size: int | None) -> None:
+    """Change the incoming message size limit; it applies from the next frame on."""
+    protocol.max_message_size = size
