@@ -233,3 +233,76 @@ async def test_a_malformed_frame_fails_only_its_own_session(nats_server: LocalNa
                 await asyncio.wait_for(bad.recv(), 10)
             await good.send("unaffected")
             assert (await asyncio.wait_for(good.recv(), 10)).text == "unaffected"
+
+
+async def test_send_now_writes_within_credit_and_pending_buffer_and_declines_otherwise(
+    nats_server: LocalNatsServer,
+) -> None:
+    """The DirectSendChannel contract over a real nats-server: send_now publishes a whole message
+    synchronously, or returns False having written nothing, when nats-py's pending buffer (2 MiB by
+    default, flushed only when the loop runs) or the peer's credit would make send() wait."""
+    received: list[bytes | str] = []
+    paused = asyncio.Event()
+    finished = asyncio.Event()
+    server_channels: list[NatsChannel] = []
+
+    async def handler(channel: NatsChannel) -> None:
+        channel.pause_reading()  # hold everything: no credit is granted while paused
+        channel.start_push(received.append, lambda _err: None)
+        server_channels.append(channel)
+        paused.set()
+        await asyncio.wait_for(finished.wait(), 30)
+
+    listener = await serve_nats(handler, service(nats_server), max_message_size=1 << 24, options={})
+    try:
+        client = await open_nats_channel(listener.url, max_message_size=1 << 24, options={})
+        await asyncio.wait_for(paused.wait(), 10)
+        nc = client._nc
+        size = 200_000
+        cost = f.HEADER.size + size + f.MESSAGE_COST
+        fits = client._sender.limit // cost  # the server's window, in these messages
+        assert 5 < fits < 100
+        sent = 0
+
+        def message(i: int) -> bytes:
+            return bytes([i]) * size
+
+        def declined_untouched() -> bool:
+            before = (nc.stats["out_msgs"], client._sender.next_seq, len(client._sender.unacked))
+            result = client.send_now(message(sent))
+            assert not result
+            return before == (nc.stats["out_msgs"], client._sender.next_seq, len(client._sender.unacked))
+
+        # Without the loop running, nats-py's pending buffer fills first (credit is left).
+        while sent < fits and client.send_now(message(sent)):
+            sent += 1
+        assert 1 <= sent < fits and client._sender.has_credit(cost)
+        assert declined_untouched()
+        # With the buffer flushed after each message, the peer's credit is the limit.
+        await nc.flush()
+        while sent < 2 * fits and client.send_now(message(sent)):
+            sent += 1
+            await nc.flush()
+        assert sent == fits and not client._sender.has_credit(cost)
+        assert declined_untouched()
+        # The server reads: every message arrives once, in order, and credit comes back.
+        server_channels[0].resume_reading()
+        for _ in range(200):
+            if client.send_now(message(sent)):
+                sent += 1
+                break
+            await asyncio.sleep(0.02)
+        assert sent == fits + 1
+        for _ in range(200):
+            if len(received) == sent:
+                break
+            await asyncio.sleep(0.02)
+        assert received == [message(i) for i in range(sent)]
+        assert client.send_now("text") and client.send_now([b"ab", memoryview(b"cd")])
+        assert not client.send_now(b"x" * (client._chunk + 1))  # chunked messages are send()'s job
+        await client.close()
+        assert not client.send_now("after close")
+    finally:
+        finished.set()
+        listener.close()
+        await listener.wait_closed()

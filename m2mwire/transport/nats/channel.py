@@ -22,6 +22,7 @@ from nats.errors import Error as NatsError
 
 from m2mwire.errors import TransportError
 from m2mwire.transport.base import Message, OutgoingMessage
+from m2mwire.transport.nats import compat
 from m2mwire.transport.nats import frames as f
 from m2mwire.transport.nats.bus import Bus, release_bus
 from m2mwire.transport.nats.flow import Receiver, Sender
@@ -42,7 +43,8 @@ _FIRST_HEAD = _HEAD + f.TOTAL.size
 
 
 class NatsChannel:
-    """A :class:`~m2mwire.transport.base.PushChannel` over one NATS connection shared by many."""
+    """A :class:`~m2mwire.transport.base.PushChannel` and
+    :class:`~m2mwire.transport.base.DirectSendChannel` over one NATS connection shared by many."""
 
     def __init__(
         self,
@@ -110,19 +112,34 @@ class NatsChannel:
     def remote_address(self) -> str:
         return self._remote
 
+    def send_now(self, message: OutgoingMessage) -> bool:
+        """Publish ``message`` now as one NATS message, or return False having written nothing.
+
+        True only where :meth:`send` would not wait: the peer is known, no send or resend is in
+        progress (so order is kept), the message fits one NATS message, the peer's credit covers
+        it and nats-py's pending buffer takes it without a forced flush (``compat.publish_now``).
+        Anything else (a chunked message, no credit, reconnecting, closed) is :meth:`send`'s job.
+        """
+        if self.lost is not None or not self._out or self._resend or self._send_lock.locked():
+            return False
+        view, whole, _ = _body(message)
+        cost = _HEAD + view.nbytes + f.MESSAGE_COST
+        sender = self._sender
+        if view.nbytes > self._chunk or not sender.has_credit(cost):
+            return False
+        seq = sender.next_seq
+        payload = b"".join((f.HEADER.pack(whole, seq), view))
+        if not compat.publish_now(self._nc, self._out, payload):
+            return False
+        taken = sender.take(cost)
+        assert taken == seq
+        sender.retain(seq, payload)
+        return True
+
     async def send(self, message: OutgoingMessage) -> None:
         if self.lost is not None:
             raise self.lost
-        if isinstance(message, str):
-            body: bytes | bytearray | memoryview = message.encode()
-            whole, first = f.TEXT, f.TEXT_FIRST
-        else:
-            if isinstance(message, bytes | bytearray | memoryview):
-                body = message
-            else:
-                body = message[0] if len(message) == 1 else b"".join(message)
-            whole, first = f.BINARY, f.BINARY_FIRST
-        view = memoryview(body).cast("B")
+        view, whole, first = _body(message)
         total = view.nbytes
         chunk = self._chunk
         async with self._send_lock:
@@ -467,6 +484,20 @@ class NatsChannel:
             self._probe_handle = None
         if self._bus.routes.get(self.in_subject) is self:
             del self._bus.routes[self.in_subject]
+
+
+def _body(message: OutgoingMessage) -> tuple[memoryview, int, int]:
+    """The bytes of ``message`` and its frame kinds (whole message, first chunk)."""
+    if isinstance(message, str):
+        body: bytes | bytearray | memoryview = message.encode()
+        whole, first = f.TEXT, f.TEXT_FIRST
+    else:
+        if isinstance(message, bytes | bytearray | memoryview):
+            body = message
+        else:
+            body = message[0] if len(message) == 1 else b"".join(message)
+        whole, first = f.BINARY, f.BINARY_FIRST
+    return memoryview(body).cast("B"), whole, first
 
 
 _tasks: set[asyncio.Task[None]] = set()
