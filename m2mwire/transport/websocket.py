@@ -55,6 +55,10 @@ _BULK_READ = 1024 * 1024
 # Binary messages handed over in parts are joined below this size (a copy is cheaper than a frame,
 # a mask and a syscall per part); larger ones go out as fragments of one message.
 _JOIN_BELOW = 256 * 1024
+# Frames written without the loop turning in between go out together once this many bytes wait
+# (see m2m_write_soon): large enough that a syscall per batch is cheap, small next to the socket's
+# buffers, so a batch still leaves at once.
+_COALESCE = 64 * 1024
 
 # Automatic replies (PONGs to the peer's PINGs, a close frame) that may queue while the peer does
 # not read what we write: beyond this, we stop reading until our writes drain (see data_received).
@@ -96,6 +100,9 @@ class _PushMixin(compat.DataFrameHook):
         self.m2m_writing_paused = False
         self._m2m_reply_backlog = 0  # bytes of automatic replies queued since writing paused
         self.m2m_connection_lost = False
+        self._m2m_loop = asyncio.get_running_loop()
+        self._m2m_turn_marked = False  # a write went out in this turn of the event loop
+        self._m2m_unflushed = 0  # bytes of frames queued in the protocol since the last flush
         self.m2m_waiter: asyncio.Future[None] | None = None
         # Swap in the copy-saving reader before any byte arrives.
         compat.install_reader(
@@ -159,6 +166,42 @@ class _PushMixin(compat.DataFrameHook):
             self._m2m_replies_paused = False
             self._m2m_update_reading()
 
+    # -- writing -----------------------------------------------------------------------------------
+
+    def m2m_write_soon(self, size: int) -> None:
+        """Put out the frame of ``size`` bytes just queued in the protocol: at once if it is the
+        first one in this turn of the event loop (a request waits for no one), else with the
+        others of the same turn, when the turn ends or _COALESCE bytes are waiting. A sender
+        that writes many messages without yielding then costs one write() system call per
+        _COALESCE bytes instead of one per message (-3-4 us a 1 KB message), while what is
+        held back is bounded by _COALESCE plus one message and waits at most one loop turn."""
+        if not self._m2m_turn_marked:
+            self._m2m_turn_marked = True
+            self._m2m_loop.call_soon(self._m2m_end_turn)
+            self._m2m_flush()
+            return
+        self._m2m_unflushed += size
+        if self._m2m_unflushed >= _COALESCE:
+            self._m2m_flush()
+
+    def _m2m_end_turn(self) -> None:
+        self._m2m_turn_marked = False
+        if self._m2m_unflushed:
+            self._m2m_flush()
+
+    def _m2m_flush(self) -> None:
+        self._m2m_unflushed = 0
+        protocol = self.protocol
+        if protocol.state is _OPEN:
+            # While OPEN the protocol's output is frames only (the end of stream, b"", comes
+            # after a close), so one writelines() is one system call for all of them, where
+            # websockets' send_data() makes one write() (a send() each) per frame.
+            data = protocol.data_to_send()
+            if data:
+                self.transport.writelines(data)
+        else:
+            compat.flush(self)
+
     # -- messages ----------------------------------------------------------------------------------
 
     def _m2m_too_many_fragments(self) -> None:
@@ -187,23 +230,25 @@ class _PushMixin(compat.DataFrameHook):
                 frags.append(bytes(event.data))
             if not event.fin:
                 return
-            data, self._m2m_frags = b"".join(frags), None
-            is_text = self._m2m_text
+            data: bytes | bytearray | memoryview = b"".join(frags)
+            self._m2m_frags, is_text = None, self._m2m_text
         elif not event.fin:
             self._m2m_frags, self._m2m_text = [bytes(event.data)], opcode is _TEXT
             self._m2m_frames_left = _fragment_budget(compat.get_max_message_size(self.protocol)) - 1
             return
         else:
-            data, is_text = bytes(event.data), opcode is _TEXT
+            data, is_text = event.data, opcode is _TEXT
         if is_text:
             try:
-                message: Message = data.decode()
+                # Decoded from the frame's buffer: a payload that came as a view of the socket
+                # chunk (ChunkReader, 4 KiB and up) is not copied to bytes first.
+                message: Message = str(data, "utf-8")
             except UnicodeDecodeError as exc:
                 self.protocol.fail(CloseCode.INVALID_DATA, f"{exc.reason} at position {exc.start}")
                 compat.flush(self)  # data_received flushed before processing events: flush the close
                 return
         else:
-            message = data
+            message = bytes(data)  # the same object when it is bytes already
         if self.m2m_on_message is not None:
             self.m2m_on_message(message)
         else:
@@ -292,16 +337,20 @@ class WebSocketChannel:
         if ws.m2m_writing_paused or protocol.state is not _OPEN:
             return False
         if isinstance(message, str):
-            protocol.send_text(message.encode())
+            data = message.encode()
+            protocol.send_text(data)
+            size = len(data)
         elif isinstance(message, bytes | bytearray | memoryview):
             protocol.send_binary(message)
+            size = memoryview(message).nbytes
         elif len(message) == 1:
             protocol.send_binary(message[0])
-        elif sum(memoryview(part).nbytes for part in message) <= _JOIN_BELOW:
+            size = memoryview(message[0]).nbytes
+        elif (size := sum(memoryview(part).nbytes for part in message)) <= _JOIN_BELOW:
             protocol.send_binary(b"".join(message))
         else:
             return False
-        compat.flush(ws)
+        ws.m2m_write_soon(size)
         return True
 
     async def send(self, message: OutgoingMessage) -> None:

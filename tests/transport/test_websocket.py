@@ -280,6 +280,55 @@ async def test_send_now_writes_whole_messages_and_declines_what_would_wait() -> 
         assert channel.send_now("after close") is False
 
 
+async def test_send_now_writes_a_burst_in_few_system_calls_and_a_lone_message_at_once() -> None:
+    """Messages written without the loop turning go out together (one write per 64 KiB, and the
+    rest when the turn ends), where each used to cost a send() system call of its own; the first
+    message of a turn is still written at once, so a request waits for nothing."""
+    from websockets.asyncio.server import serve as ws_serve
+
+    from m2mwire.transport.websocket import connect_websocket
+
+    received: list[str | bytes] = []
+
+    async def peer(ws: Any) -> None:
+        async for message in ws:
+            received.append(message)
+
+    async with ws_serve(peer, "127.0.0.1", 0, compression=None) as raw:
+        port = raw.sockets[0].getsockname()[1]
+        channel = await connect_websocket(f"ws://127.0.0.1:{port}", max_message_size=1 << 20)
+        try:
+            transport = channel._ws.transport
+            writes = 0
+            real_write = transport.write
+
+            def counting_write(data: Any) -> None:  # the real write, counted (writelines uses it)
+                nonlocal writes
+                writes += 1
+                real_write(data)
+
+            transport.write = counting_write
+            await asyncio.sleep(0)
+            burst = [f"{i:04d}".ljust(1000, "m") for i in range(200)]  # ~200 KB, one loop turn
+            for text in burst:
+                assert channel.send_now(text)
+            assert 3 <= writes <= 5  # the first at once, then one per 64 KiB waiting
+            await asyncio.sleep(0)  # the turn ends: what is left goes out
+            assert writes <= 6
+            for _ in range(500):
+                if len(received) == len(burst):
+                    break
+                await asyncio.sleep(0.01)
+            assert received == burst
+
+            await asyncio.sleep(0)
+            before = writes
+            assert channel.send_now("a lone request")
+            assert writes == before + 1  # written before send_now returned
+        finally:
+            await channel.close()
+
+
 async def test_back_to_back_frames_of_every_size_arrive_intact_through_the_chunk_reader() -> None:
     """A receiver that starts late gets many frames per socket read, split anywhere: what the
     chunk reader slices and joins must still be every message, whole and in order. Its reads
