@@ -44,6 +44,7 @@ from m2mwire.codecs.avpheader import FLAG_COMPRESSED, payload_size
 from m2mwire.codecs.buffers import Buffer
 from m2mwire.codecs.jsonutil import check_json_text, dumps_compact, loads_limited, parse_json
 from m2mwire.codecs.select import NONE_BELOW
+from m2mwire.codecs.utf8 import utf8_len
 from m2mwire.codecs.varint import b64encode
 from m2mwire.codecs.wire import encode_with
 from m2mwire.codecs.zstdcontext import ZSTD_KIND, ZSTD_PREFIX, payload_bound
@@ -133,10 +134,6 @@ MAX_CAPABILITY_ITEMS = 64
 # those suppressed), so a peer cannot grow the log by flooding, e.g., messages of unknown types.
 WARNING_INTERVAL = 10.0
 _TOKENNATIVE_BINARY_IDS = frozenset({0, 1, 2})
-
-
-def _utf8_len(text: str) -> int:
-    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
 class State(Enum):
@@ -655,7 +652,7 @@ class SessionProtocol:
                     algorithm="m2m",
                     binary=True,
                     wire_bytes=size,
-                    original_bytes=_utf8_len(text),
+                    original_bytes=utf8_len(text),
                     text=text,
                     decoded_bytes=sys.getsizeof(text),
                 )
@@ -672,7 +669,7 @@ class SessionProtocol:
                     algorithm="tokennative",
                     binary=True,
                     wire_bytes=size,
-                    original_bytes=_utf8_len(text),
+                    original_bytes=utf8_len(text),
                     text=text,
                     decoded_bytes=sys.getsizeof(text),
                 )
@@ -721,7 +718,7 @@ class SessionProtocol:
             check_json_text(text, limits=self._limits, what="JSON content")
         else:
             raise EncodeError(f"send() takes str, dict or list content, not {type(content).__name__}")
-        original = len(text) if text.isascii() else _utf8_len(text)
+        original = len(text) if text.isascii() else utf8_len(text)
         if original > self._payload_limit:
             self._check_payload_size(original, "message content")
         correlated = request_id is not None or reply_to is not None
@@ -770,7 +767,7 @@ class SessionProtocol:
                     f"(negotiated: {', '.join(a.value for a in info.algorithms)})"
                 )
             wire = encode_with(text, algorithm, info.encoding, limits=self._limits)
-            wire_len = original if wire is text else _utf8_len(wire)
+            wire_len = original if wire is text else utf8_len(wire)
             payload = DataPayload(
                 algorithm=algorithm, content=wire, original_size=original, content_type=content_type
             )
@@ -778,7 +775,7 @@ class SessionProtocol:
                 _correlate(payload, request_id, reply_to, more, trace)
             envelope = encode_data(payload, info.session_id)
             if len(envelope) > self._payload_limit or not envelope.isascii():
-                self._check_payload_size(_utf8_len(envelope), "DATA message")
+                self._check_payload_size(utf8_len(envelope), "DATA message")
             if self.resume is None:
                 self._outputs.append(SendMessage(envelope))
                 self.outputs_total += 1
@@ -837,7 +834,7 @@ class SessionProtocol:
         payload = correlation or DataPayload(algorithm="zstd", content="")
         payload.content, payload.original_size, payload.content_type = "", original, content_type
         # The envelope without its content, measured exactly (request and trace fields vary).
-        if text_form_bound(original) + _utf8_len(encode_data(payload, info.session_id)) <= limit:
+        if text_form_bound(original) + utf8_len(encode_data(payload, info.session_id)) <= limit:
             zmessage = ZstdMessage(text.encode("utf-8"), payload)
             self._queue_data(SendMessage(state.wire(zmessage)), zmessage)
             wire = payload.content
@@ -1220,18 +1217,18 @@ class SessionProtocol:
         assert isinstance(payload, DataPayload)
         content = payload.content
         limits = self._limits
-        wire_bytes = len(content) if content.isascii() else _utf8_len(content)
+        wire_bytes = len(content) if content.isascii() else utf8_len(content)
         try:
             if self._zstd is not None and content.startswith(ZSTD_PREFIX):
                 # limits.max_output_bytes is already at most the negotiated max_payload
                 text, algorithm = self._zstd.decode_text(content, limits.max_output_bytes), "zstd"
-                original = _utf8_len(text)
+                original = utf8_len(text)
             elif content.startswith("#") or wire_bytes > min(
                 limits.max_message_bytes, limits.max_output_bytes
             ):
                 decoded = decode_wire(content, limits=limits)  # raises for the limits
                 text, algorithm = decoded.content, _NAMES[decoded.algorithm]
-                original = wire_bytes if text is content else _utf8_len(text)
+                original = wire_bytes if text is content else utf8_len(text)
             else:  # no prefix: NONE, decode_wire's first case without its calls (the hot path)
                 text, algorithm, original = content, "none", wire_bytes
             held = sys.getsizeof(text)
@@ -1525,7 +1522,7 @@ class SessionProtocol:
         if self.config.token_stats:
             self.stats.original_tokens_received += count_tokens(text)
             self.stats.wire_tokens_received += _zstd_binary_tokens(view)
-        return _data_message(payload, kind, "zstd", True, size, _utf8_len(text), text, value, held)
+        return _data_message(payload, kind, "zstd", True, size, utf8_len(text), text, value, held)
 
     def _establish(self, result: Negotiated, peer: Capabilities, now: float) -> None:
         assert self._session_id is not None
@@ -1572,7 +1569,7 @@ class SessionProtocol:
         return self.info
 
     def _check_received_size(self, text: str) -> None:
-        size = len(text) if text.isascii() else _utf8_len(text)
+        size = utf8_len(text)
         if size > self._payload_limit:
             self._too_big(size, "DATA message")
 
@@ -1596,7 +1593,7 @@ class SessionProtocol:
             if len(text) > self._payload_limit:
                 self._check_received_size(text)
             return self.state is not _CLOSED
-        size = len(text) if text.isascii() else _utf8_len(text)
+        size = utf8_len(text)
         err = LimitExceeded(
             f"{_bounded(kind) or 'a message'} of {size} bytes: control messages are limited to "
             f"{CONTROL_MESSAGE_LIMIT} bytes",
