@@ -911,10 +911,7 @@ class SessionProtocol:
             self._finish(Closed(code, reason, by_peer=False), None)
             return
         if self.state is State.ESTABLISHED:
-            self._send_close(code, reason)
-            self.state = State.CLOSING
-            self._close_deadline = now + self.config.timers.close_timeout
-            self._pong_deadline = None
+            self._begin_close(code, reason, now)
             if code == "INTERNAL_ERROR":
                 self._close_code, self._close_reason = CLOSE_INTERNAL_ERROR, code
             return
@@ -1009,11 +1006,7 @@ class SessionProtocol:
             self._ping(now)
         if t.session_timeout is not None and now >= self._last_data + t.session_timeout:
             err = SessionTimeout(f"no DATA for {t.session_timeout:g} s (session_timeout)")
-            self._send_close("SESSION_TIMEOUT", str(err))
-            self.state = State.CLOSING
-            self._close_deadline = now + t.close_timeout
-            self._pong_deadline = None
-            self._closed_error = err
+            self._begin_close("SESSION_TIMEOUT", str(err), now, err)
 
     def reading_suspended(self, now: float) -> None:
         """The shell stopped reading on purpose (the application is slow): whatever the peer sent
@@ -1641,6 +1634,16 @@ class SessionProtocol:
     def _queue_output(self, out: Output) -> None:
         self._outputs.append(out)
         self.outputs_total += 1
+
+    def _begin_close(self, code: str, message: str, now: float, error: M2MError | None = None) -> None:
+        """ESTABLISHED -> CLOSING: say CLOSE and wait up to close_timeout for its acknowledgement.
+        No PINGs meanwhile (the peer answers the CLOSE or the close timer ends it); ``error`` is
+        what the session ends with when we close for a cause (None for the application's close)."""
+        self._send_close(code, message)
+        self.state = State.CLOSING
+        self._close_deadline = now + self.config.timers.close_timeout
+        self._pong_deadline = None
+        self._closed_error = error
 
     def _send_close(self, code: str, message: str) -> None:
         payload = ClosePayload(reason=_bounded(code), message=_bounded(message))
