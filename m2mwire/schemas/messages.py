@@ -19,6 +19,7 @@ import msgspec
 from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits
 from m2mwire.codecs.utf8 import utf8_len
 from m2mwire.errors import LimitExceeded, ProtocolError
+from m2mwire.schemas.codes import RejectCode as RejectCode  # its home until the codes had a module
 from m2mwire.schemas.identity import ModelIdentity
 
 __all__ = [
@@ -56,12 +57,6 @@ class MessageType(StrEnum):
     PONG = "PONG"
     CLOSE = "CLOSE"
     ACK = "ACK"  # ours, only on sessions that negotiated ``resume`` (docs/PROTOCOL.md "Resume")
-
-
-# Seed rejection codes (the first five are the reference's enum; SERVER_BUSY is the docs').
-RejectCode = Literal[
-    "VERSION_MISMATCH", "NO_COMMON_ALGORITHM", "SECURITY_POLICY", "RATE_LIMITED", "UNKNOWN", "SERVER_BUSY"
-]
 
 
 class ZstdCaps(msgspec.Struct, kw_only=True):

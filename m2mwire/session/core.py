@@ -59,6 +59,7 @@ from m2mwire.errors import (
     SessionRejected,
     SessionTimeout,
 )
+from m2mwire.schemas.codes import RejectCode, SessionCode
 from m2mwire.schemas.messages import (
     PROTOCOL_VERSION,
     AckPayload,
@@ -525,7 +526,9 @@ class SessionProtocol:
 
         ``trace`` (client): W3C ``traceparent``/``tracestate`` to put in HELLO."""
         if self.state is not State.INITIAL or self._hello_deadline is not None:
-            raise ProtocolError("initiate() may be called once, on a new session", code="INVALID_STATE")
+            raise ProtocolError(
+                "initiate() may be called once, on a new session", code=SessionCode.INVALID_STATE
+            )
         self._last_received = self._last_data = now
         self._hello_deadline = now + self.config.timers.hello_timeout
         if self.role is Role.CLIENT:
@@ -563,7 +566,7 @@ class SessionProtocol:
         try:
             msg = decode_message(text, limits=self.config.limits)
         except LimitExceeded as exc:
-            self._fail(exc, "MESSAGE_TOO_BIG", CLOSE_TOO_BIG)
+            self._fail(exc, SessionCode.MESSAGE_TOO_BIG, CLOSE_TOO_BIG)
             return None
         except ProtocolError as exc:
             self._fail(exc, exc.code, CLOSE_PROTOCOL_ERROR)
@@ -590,10 +593,12 @@ class SessionProtocol:
         self._last_received = now
         if state is not _ESTABLISHED and state is not _CLOSING:
             if state is _CLOSE_RECEIVED:
-                self._protocol_violation("binary frame after the peer's CLOSE", "UNEXPECTED_MESSAGE")
+                self._protocol_violation(
+                    "binary frame after the peer's CLOSE", SessionCode.UNEXPECTED_MESSAGE
+                )
             else:
                 self._protocol_violation(
-                    "binary frame before the session was established", "BINARY_BEFORE_ACCEPT"
+                    "binary frame before the session was established", SessionCode.BINARY_BEFORE_ACCEPT
                 )
             return None
         view = data if type(data) is bytes else memoryview(data)  # bytes index and slice as they are
@@ -602,7 +607,7 @@ class SessionProtocol:
             self._too_big(size, "binary message")
             return None
         if size == 0:
-            self._protocol_violation("empty binary frame", "MALFORMED_MESSAGE")
+            self._protocol_violation("empty binary frame", SessionCode.MALFORMED_MESSAGE)
             return None
         first = view[0]
         try:
@@ -610,7 +615,8 @@ class SessionProtocol:
                 assert self.info is not None
                 if self.info.mode != "LATENT":
                     self._protocol_violation(
-                        f"AVP frame received but the negotiated mode is {self.info.mode}", "MODE_VIOLATION"
+                        f"AVP frame received but the negotiated mode is {self.info.mode}",
+                        SessionCode.MODE_VIOLATION,
                     )
                     return None
                 # bytes take avp's quickest input path; a compressed payload is held to max_payload
@@ -677,7 +683,7 @@ class SessionProtocol:
                 self._protocol_violation(
                     f"binary frame starts with byte 0x{first:02x}: expected 0x00-0x02 (TokenNative), "
                     "'#' (M2M v1), 'A' (AVP) or, when zstd was negotiated, 'Z' (zstd context)",
-                    "MALFORMED_MESSAGE",
+                    SessionCode.MALFORMED_MESSAGE,
                 )
                 return None
         except M2MError as exc:  # DecodeError, LimitExceeded, TokenizerUnavailable, ...
@@ -894,7 +900,7 @@ class SessionProtocol:
         self._account_sent(sent, now)
         return sent
 
-    def close(self, now: float, reason: str = "", *, code: str = "NORMAL") -> None:
+    def close(self, now: float, reason: str = "", *, code: str = SessionCode.NORMAL) -> None:
         """Begin an orderly close: CLOSE now, CLOSED once the peer acknowledges (or close_timeout).
 
         ``code`` other than NORMAL tells the peer the session failed (e.g. INTERNAL_ERROR when a
@@ -912,7 +918,7 @@ class SessionProtocol:
             return
         if self.state is State.ESTABLISHED:
             self._begin_close(code, reason, now)
-            if code == "INTERNAL_ERROR":
+            if code == SessionCode.INTERNAL_ERROR:
                 self._close_code, self._close_reason = CLOSE_INTERNAL_ERROR, code
             return
         # Not established yet: there is no session to close on the wire.
@@ -924,7 +930,7 @@ class SessionProtocol:
         peer_close = self._peer_close
         if self.state is not _CLOSE_RECEIVED or peer_close is None:
             return
-        self._send_close("NORMAL", "acknowledged")
+        self._send_close(SessionCode.NORMAL, "acknowledged")
         self._finish(peer_close, CLOSE_NORMAL)
 
     def write_stalled(self, waited: float) -> None:
@@ -937,7 +943,7 @@ class SessionProtocol:
             "dropped it"
         )
         log.info("session %s: %s", self._session_id or "-", err)
-        self._finish(Closed("WRITE_TIMEOUT", str(err), by_peer=False, error=err), None)
+        self._finish(Closed(SessionCode.WRITE_TIMEOUT, str(err), by_peer=False, error=err), None)
 
     def transport_closed(self, error: M2MError | None = None, now: float | None = None) -> None:
         """The channel underneath is gone (peer vanished, connection lost, orderly transport close).
@@ -955,10 +961,12 @@ class SessionProtocol:
             self._finish(self._peer_close, None)  # the peer had closed anyway: an orderly end
             return
         if self.state is State.CLOSING:
-            self._finish(Closed("NORMAL", "transport closed during CLOSE", by_peer=True), None)
+            self._finish(Closed(SessionCode.NORMAL, "transport closed during CLOSE", by_peer=True), None)
             return
-        err = error or SessionClosed("the connection closed without a CLOSE message", code="TRANSPORT_CLOSED")
-        self._finish(Closed("TRANSPORT_CLOSED", str(err), by_peer=True, error=err), None)
+        err = error or SessionClosed(
+            "the connection closed without a CLOSE message", code=SessionCode.TRANSPORT_CLOSED
+        )
+        self._finish(Closed(SessionCode.TRANSPORT_CLOSED, str(err), by_peer=True, error=err), None)
 
     def handle_timer(self, now: float) -> None:
         """Act on every deadline that has passed."""
@@ -967,9 +975,9 @@ class SessionProtocol:
             expired = SessionClosed(
                 f"the client did not resume the session within {self.config.resume_window:g} s "
                 "(resume_window)",
-                code="RESUME_EXPIRED",
+                code=SessionCode.RESUME_EXPIRED,
             )
-            self._finish(Closed("RESUME_EXPIRED", str(expired), by_peer=False, error=expired), None)
+            self._finish(Closed(SessionCode.RESUME_EXPIRED, str(expired), by_peer=False, error=expired), None)
             return
         if self._hello_deadline is not None and now >= self._hello_deadline:
             if self._resuming:
@@ -977,14 +985,16 @@ class SessionProtocol:
                 return
             waited = "ACCEPT" if self.role is Role.CLIENT else "HELLO"
             err = SessionTimeout(f"no {waited} within {t.hello_timeout:g} s (hello_timeout)")
-            self._finish(Closed("HELLO_TIMEOUT", str(err), by_peer=False, error=err), CLOSE_GOING_AWAY)
+            self._finish(
+                Closed(SessionCode.HELLO_TIMEOUT, str(err), by_peer=False, error=err), CLOSE_GOING_AWAY
+            )
             return
         if self._close_deadline is not None and now >= self._close_deadline:
             if self.state is _CLOSE_RECEIVED:  # the application took too long: acknowledge anyway
                 self.acknowledge_close()
                 return
             err = SessionTimeout(f"CLOSE not acknowledged within {t.close_timeout:g} s (close_timeout)")
-            self._finish(Closed("NORMAL", str(err), by_peer=False, error=err), self._close_code)
+            self._finish(Closed(SessionCode.NORMAL, str(err), by_peer=False, error=err), self._close_code)
             return
         if self.state is not State.ESTABLISHED or not self._live:
             return
@@ -998,15 +1008,17 @@ class SessionProtocol:
                 if self.resume is not None:  # the connection is dead, not the session
                     self._detach(str(err), now)
                     return
-                self._send_close("PONG_TIMEOUT", str(err))
-                self._finish(Closed("PONG_TIMEOUT", str(err), by_peer=False, error=err), CLOSE_GOING_AWAY)
+                self._send_close(SessionCode.PONG_TIMEOUT, str(err))
+                self._finish(
+                    Closed(SessionCode.PONG_TIMEOUT, str(err), by_peer=False, error=err), CLOSE_GOING_AWAY
+                )
                 return
             self._ping(now)
         elif self._pong_deadline is None and now >= self._last_received + t.ping_interval:
             self._ping(now)
         if t.session_timeout is not None and now >= self._last_data + t.session_timeout:
             err = SessionTimeout(f"no DATA for {t.session_timeout:g} s (session_timeout)")
-            self._begin_close("SESSION_TIMEOUT", str(err), now, err)
+            self._begin_close(SessionCode.SESSION_TIMEOUT, str(err), now, err)
 
     def reading_suspended(self, now: float) -> None:
         """The shell stopped reading on purpose (the application is slow): whatever the peer sent
@@ -1088,11 +1100,13 @@ class SessionProtocol:
 
     def _on_hello(self, _sid: str | None, payload: Any, now: float) -> None:
         if self.role is not Role.SERVER or self.state is not State.INITIAL or self._awaiting_verdict:
-            self._protocol_violation(f"unexpected HELLO in state {self.state.value}", "UNEXPECTED_MESSAGE")
+            self._protocol_violation(
+                f"unexpected HELLO in state {self.state.value}", SessionCode.UNEXPECTED_MESSAGE
+            )
             return
         assert isinstance(payload, Capabilities)
         if (refusal := _oversized_lists(payload)) is not None:
-            self._reject("MESSAGE_TOO_BIG", refusal)
+            self._reject(SessionCode.MESSAGE_TOO_BIG, refusal)
             return
         if isinstance(payload.resume, ResumeCaps) and payload.resume.session_id is not None:
             self._on_resume_hello(payload.resume)
@@ -1152,11 +1166,13 @@ class SessionProtocol:
             self._on_resume_accept(sid, payload, now)
             return
         if self.role is not Role.CLIENT or self.state is not State.HELLO_SENT:
-            self._protocol_violation(f"unexpected ACCEPT in state {self.state.value}", "UNEXPECTED_MESSAGE")
+            self._protocol_violation(
+                f"unexpected ACCEPT in state {self.state.value}", SessionCode.UNEXPECTED_MESSAGE
+            )
             return
         assert isinstance(payload, Capabilities)
         if not sid:
-            self._protocol_violation("ACCEPT without a session_id", "MALFORMED_MESSAGE")
+            self._protocol_violation("ACCEPT without a session_id", SessionCode.MALFORMED_MESSAGE)
             return
         cfg = self.config
         result = negotiate_client(
@@ -1188,7 +1204,9 @@ class SessionProtocol:
             self._finish(Closed(payload.code, payload.message, by_peer=True, error=refused), CLOSE_NORMAL)
             return
         if self.role is not Role.CLIENT or self.state is not State.HELLO_SENT:
-            self._protocol_violation(f"unexpected REJECT in state {self.state.value}", "UNEXPECTED_MESSAGE")
+            self._protocol_violation(
+                f"unexpected REJECT in state {self.state.value}", SessionCode.UNEXPECTED_MESSAGE
+            )
             return
         assert isinstance(payload, Rejection)
         err = SessionRejected(
@@ -1199,12 +1217,14 @@ class SessionProtocol:
     def _on_data(self, sid: str | None, payload: Any, now: float) -> Message | None:
         if self.state is not _ESTABLISHED and self.state is not _CLOSING:
             expected = "HELLO" if self.role is Role.SERVER else "ACCEPT"
-            code = "DATA_BEFORE_HELLO" if self.role is Role.SERVER else "DATA_BEFORE_ACCEPT"
+            code = (
+                SessionCode.DATA_BEFORE_HELLO if self.role is Role.SERVER else SessionCode.DATA_BEFORE_ACCEPT
+            )
             self._protocol_violation(f"DATA before {expected}: no session is established yet", code)
             return None
         if sid != self._session_id:
             self._protocol_violation(
-                f"DATA for session {sid!r} on session {self._session_id!r}", "UNKNOWN_SESSION"
+                f"DATA for session {sid!r} on session {self._session_id!r}", SessionCode.UNKNOWN_SESSION
             )
             return None
         assert isinstance(payload, DataPayload)
@@ -1264,7 +1284,7 @@ class SessionProtocol:
 
     def _on_close(self, _sid: str | None, payload: Any, now: float) -> None:
         reason = ""
-        code = "NORMAL"
+        code: str = SessionCode.NORMAL  # a peer's code stays the str it sent: it may be one we do not know
         if isinstance(payload, ClosePayload):
             if isinstance(payload.reason, str):
                 code = _bounded(payload.reason)
@@ -1280,7 +1300,7 @@ class SessionProtocol:
         # it timed out, ...): the application must be able to tell that from a clean end.
         error = (
             None
-            if code == "NORMAL"
+            if code == SessionCode.NORMAL
             else SessionClosed(f"the peer closed the session: {code}: {reason}", code=code, reason=reason)
         )
         closed = Closed(code, reason, by_peer=True, error=error)
@@ -1313,10 +1333,12 @@ class SessionProtocol:
 
     def _on_resume_hello(self, caps: ResumeCaps) -> None:
         if not self._offers_resume():
-            self._reject("RESUME_UNKNOWN", "this server does not resume sessions (resume_window=0)")
+            self._reject(SessionCode.RESUME_UNKNOWN, "this server does not resume sessions (resume_window=0)")
             return
         if not caps.token or caps.received is None or caps.received < 0:
-            self._protocol_violation("a resuming HELLO needs token and received", "MALFORMED_MESSAGE")
+            self._protocol_violation(
+                "a resuming HELLO needs token and received", SessionCode.MALFORMED_MESSAGE
+            )
             return
         assert caps.session_id is not None
         self._resume_request = ResumeRequested(caps.session_id, caps.token, caps.received)
@@ -1337,7 +1359,7 @@ class SessionProtocol:
         ACCEPT with our count of DATA received, then every DATA message the client did not get."""
         if self.resume is None or self.state is not _ESTABLISHED or self.attached:
             raise ProtocolError(
-                "attach() needs a detached session that negotiated resume", code="INVALID_STATE"
+                "attach() needs a detached session that negotiated resume", code=SessionCode.INVALID_STATE
             )
         self.attached = True
         self._resume_deadline = None
@@ -1351,7 +1373,8 @@ class SessionProtocol:
         r = self.resume
         if r is None or self.state is not _ESTABLISHED or self.attached:
             raise ProtocolError(
-                "begin_resume() needs a detached session that negotiated resume", code="INVALID_STATE"
+                "begin_resume() needs a detached session that negotiated resume",
+                code=SessionCode.INVALID_STATE,
             )
         self.attached = True
         self._resuming = True
@@ -1375,8 +1398,8 @@ class SessionProtocol:
         """Client: reconnecting failed for good; end the session with RECONNECT_GAVE_UP."""
         if not self.detached:
             return
-        err = SessionClosed(f"connection lost and not resumed: {message}", code="RECONNECT_GAVE_UP")
-        self._finish(Closed("RECONNECT_GAVE_UP", message, by_peer=False, error=err), None)
+        err = SessionClosed(f"connection lost and not resumed: {message}", code=SessionCode.RECONNECT_GAVE_UP)
+        self._finish(Closed(SessionCode.RECONNECT_GAVE_UP, message, by_peer=False, error=err), None)
 
     def _on_resume_accept(self, sid: str | None, payload: Any, now: float) -> None:
         assert isinstance(payload, Capabilities)
@@ -1385,10 +1408,10 @@ class SessionProtocol:
             # e.g. a server that does not know resume answered the HELLO as a new session
             err = SessionClosed(
                 f"the server answered the resuming HELLO with a new session ({sid!r}), not ours",
-                code="RESUME_UNKNOWN",
+                code=SessionCode.RESUME_UNKNOWN,
             )
-            self._send_close("RESUME_UNKNOWN", str(err))
-            self._finish(Closed("RESUME_UNKNOWN", str(err), by_peer=True, error=err), CLOSE_NORMAL)
+            self._send_close(SessionCode.RESUME_UNKNOWN, str(err))
+            self._finish(Closed(SessionCode.RESUME_UNKNOWN, str(err), by_peer=True, error=err), CLOSE_NORMAL)
             return
         self._resuming = False
         self._hello_deadline = None
@@ -1504,7 +1527,8 @@ class SessionProtocol:
         session_id, payload, kind, text = self._zstd.decode_binary(view, self._payload_limit)
         if session_id != self._session_id:
             self._protocol_violation(
-                f"DATA for session {session_id!r} on session {self._session_id!r}", "UNKNOWN_SESSION"
+                f"DATA for session {session_id!r} on session {self._session_id!r}",
+                SessionCode.UNKNOWN_SESSION,
             )
             return None
         held = sys.getsizeof(text)
@@ -1573,7 +1597,7 @@ class SessionProtocol:
             limit=limit,
             actual=size,
         )
-        self._fail(err, "MESSAGE_TOO_BIG", CLOSE_TOO_BIG)
+        self._fail(err, SessionCode.MESSAGE_TOO_BIG, CLOSE_TOO_BIG)
 
     def _large_message_allowed(self, text: str) -> bool:
         """A message over CONTROL_MESSAGE_LIMIT may only be DATA (within max_payload) in an
@@ -1593,7 +1617,7 @@ class SessionProtocol:
             limit=CONTROL_MESSAGE_LIMIT,
             actual=size,
         )
-        self._fail(err, "MESSAGE_TOO_BIG", CLOSE_TOO_BIG)
+        self._fail(err, SessionCode.MESSAGE_TOO_BIG, CLOSE_TOO_BIG)
         return False
 
     def _check_payload_size(self, size: int, what: str) -> None:
@@ -1670,9 +1694,9 @@ class SessionProtocol:
             if exc.limit == self._payload_limit:
                 why += f" (the negotiated max_payload, {self._payload_limit} bytes, bounds decoded content)"
             err = LimitExceeded(why, limit=exc.limit, actual=exc.actual)
-            self._fail(err, "MESSAGE_TOO_BIG", CLOSE_TOO_BIG)
+            self._fail(err, SessionCode.MESSAGE_TOO_BIG, CLOSE_TOO_BIG)
             return
-        self._protocol_violation(f"undecodable {what}: {exc}", "INVALID_DATA")
+        self._protocol_violation(f"undecodable {what}: {exc}", SessionCode.INVALID_DATA)
 
     def _protocol_violation(self, message: str, code: str) -> None:
         self._fail(ProtocolError(message, code=code), code, CLOSE_PROTOCOL_ERROR)
@@ -1682,7 +1706,9 @@ class SessionProtocol:
         reason = _bounded(str(err))
         if self.state is State.INITIAL and self.role is Role.SERVER:
             self._send_text(
-                encode_message(MessageType.REJECT, Rejection(code="UNKNOWN", message=f"{code}: {reason}"))
+                encode_message(
+                    MessageType.REJECT, Rejection(code=RejectCode.UNKNOWN, message=f"{code}: {reason}")
+                )
             )
         elif self.state in (State.ESTABLISHED, State.CLOSE_RECEIVED, State.CLOSING, State.HELLO_SENT):
             self._send_close(code, reason)

@@ -16,6 +16,7 @@ import msgspec
 from m2mwire.codecs import Algorithm, Encoding, resolve_algorithm, resolve_encoding
 from m2mwire.codecs.zstdcontext import normalize_window
 from m2mwire.errors import M2MError
+from m2mwire.schemas.codes import RejectCode
 from m2mwire.schemas.identity import ModelIdentity
 from m2mwire.schemas.messages import PROTOCOL_VERSION, Capabilities, CompressionCaps, LatentCaps, ZstdCaps
 from m2mwire.session.mode import resolve_mode
@@ -64,7 +65,7 @@ class Negotiated:
 class Refusal:
     """Why a HELLO was refused: a seed REJECT code and a message for humans."""
 
-    code: str
+    code: RejectCode
     message: str
 
 
@@ -171,14 +172,16 @@ def negotiate_server(
 ) -> Negotiated | Refusal:
     """The server's decision on a client's HELLO."""
     if not version_compatible(hello.version):
-        return Refusal("VERSION_MISMATCH", f"Version {hello.version} not compatible with {PROTOCOL_VERSION}")
+        return Refusal(
+            RejectCode.VERSION_MISMATCH, f"Version {hello.version} not compatible with {PROTOCOL_VERSION}"
+        )
     theirs = parse_algorithms(hello.compression.algorithms)
     common = tuple(a for a in theirs if a in algorithms)
     if not common:
         offered = ", ".join(hello.compression.algorithms) or "none"
         ours = ", ".join(a.value for a in algorithms)
         return Refusal(
-            "NO_COMMON_ALGORITHM",
+            RejectCode.NO_COMMON_ALGORITHM,
             f"No common compression algorithm (client offered: {offered}; server supports: {ours})",
         )
     their_encodings = parse_encodings(hello.compression.encodings)
@@ -243,11 +246,13 @@ def negotiate_client(
     their full capabilities, as the existing implementation does: the client intersects again.
     """
     if not version_compatible(accept.version):
-        return Refusal("VERSION_MISMATCH", f"Version {accept.version} not compatible with {PROTOCOL_VERSION}")
+        return Refusal(
+            RejectCode.VERSION_MISMATCH, f"Version {accept.version} not compatible with {PROTOCOL_VERSION}"
+        )
     theirs = parse_algorithms(accept.compression.algorithms)
     common = tuple(a for a in algorithms if a in theirs)
     if not common:
-        return Refusal("NO_COMMON_ALGORITHM", "ACCEPT lists no algorithm this client offered")
+        return Refusal(RejectCode.NO_COMMON_ALGORITHM, "ACCEPT lists no algorithm this client offered")
     encoding = _client_encoding(parse_encodings(accept.compression.encodings), preferred_encoding, encodings)
     latent = accept.avp if isinstance(accept.avp, LatentCaps) else None
     mode: Literal["LATENT", "JSON"] = "JSON"
@@ -260,7 +265,7 @@ def negotiate_client(
         agreed = _agree_zstd(zstd, accepted)
         # Our servers name the one dictionary they chose; one we never offered cannot be used.
         if accepted.dictionaries and agreed.dictionary is None:
-            return Refusal("UNKNOWN", "ACCEPT names a zstd dictionary this client did not offer")
+            return Refusal(RejectCode.UNKNOWN, "ACCEPT names a zstd dictionary this client did not offer")
     return Negotiated(
         algorithms=common,
         encoding=encoding,

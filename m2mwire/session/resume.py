@@ -32,6 +32,7 @@ from collections.abc import Iterator, Sequence
 from m2mwire.codecs.buffers import Buffer
 from m2mwire.codecs.limits import MiB
 from m2mwire.errors import ProtocolError
+from m2mwire.schemas.codes import SessionCode
 from m2mwire.session.zstdstate import ZstdMessage
 
 __all__ = ["ACK_EVERY", "DEFAULT_RESUME_BUFFER", "ResumeState", "message_size", "new_token"]
@@ -103,7 +104,8 @@ class ResumeState:
         """The peer acknowledged ``received`` messages; returns how many this released."""
         if received > self.sent:
             raise ProtocolError(
-                f"ACK for {received} DATA messages, but only {self.sent} were sent", code="INVALID_ACK"
+                f"ACK for {received} DATA messages, but only {self.sent} were sent",
+                code=SessionCode.INVALID_ACK,
             )
         released = 0
         retained = self._retained
@@ -120,7 +122,7 @@ class ResumeState:
             raise ProtocolError(
                 f"the peer resumes at {peer_received} DATA messages received, but had already "
                 f"acknowledged {self.acked}",
-                code="INVALID_ACK",
+                code=SessionCode.INVALID_ACK,
             )
         self.on_ack(peer_received)
         return (message for message, _ in list(self._retained))

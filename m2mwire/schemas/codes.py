@@ -1,0 +1,62 @@
+"""The session's codes: a REJECT's ``code``, a CLOSE's ``reason`` and what a session ends with.
+
+Each member *is* its wire string (``StrEnum``: ``SessionCode.NORMAL == "NORMAL"``, and msgspec and
+``str()`` write the value), so code that compares or logs a code, and peers reading ours, see the
+same strings as before these enums existed. A code received from a peer stays a plain ``str``: a
+peer may send one we do not know, and it is reported as it came.
+
+docs/PROTOCOL.md §3 "Codes" lists every member with when it is sent; tests/schemas/test_codes.py
+keeps the enums and that table equal.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+__all__ = ["RejectCode", "SessionCode"]
+
+
+class RejectCode(StrEnum):
+    """The seed's REJECT codes: the reference's ``RejectionCode`` enum (the first five; a Rust peer
+    fails to parse any other code in a REJECT) and the M2M docs' ``SERVER_BUSY``, which we read but
+    never send (a full server answers ``RATE_LIMITED``, as the reference does)."""
+
+    VERSION_MISMATCH = "VERSION_MISMATCH"
+    NO_COMMON_ALGORITHM = "NO_COMMON_ALGORITHM"
+    SECURITY_POLICY = "SECURITY_POLICY"
+    RATE_LIMITED = "RATE_LIMITED"
+    UNKNOWN = "UNKNOWN"
+    SERVER_BUSY = "SERVER_BUSY"
+
+
+class SessionCode(StrEnum):
+    """Our codes: why a session closed (a CLOSE's ``reason``, ``Closed.code``, an error's ``code``),
+    and the REJECT codes of our extensions (resume, oversized HELLO lists)."""
+
+    # An orderly end, and a server whose handler raised (transport close 1011 after the CLOSE).
+    NORMAL = "NORMAL"
+    INTERNAL_ERROR = "INTERNAL_ERROR"
+    # Timers (§3).
+    HELLO_TIMEOUT = "HELLO_TIMEOUT"
+    PONG_TIMEOUT = "PONG_TIMEOUT"
+    SESSION_TIMEOUT = "SESSION_TIMEOUT"
+    WRITE_TIMEOUT = "WRITE_TIMEOUT"
+    TRANSPORT_CLOSED = "TRANSPORT_CLOSED"
+    # Violations by the peer (§3), each closing the session.
+    MALFORMED_MESSAGE = "MALFORMED_MESSAGE"
+    DATA_BEFORE_HELLO = "DATA_BEFORE_HELLO"
+    DATA_BEFORE_ACCEPT = "DATA_BEFORE_ACCEPT"
+    BINARY_BEFORE_ACCEPT = "BINARY_BEFORE_ACCEPT"
+    UNKNOWN_SESSION = "UNKNOWN_SESSION"
+    INVALID_DATA = "INVALID_DATA"
+    MODE_VIOLATION = "MODE_VIOLATION"
+    UNEXPECTED_MESSAGE = "UNEXPECTED_MESSAGE"
+    MESSAGE_TOO_BIG = "MESSAGE_TOO_BIG"
+    INVALID_ACK = "INVALID_ACK"
+    # Resume (§9).
+    RESUME_UNKNOWN = "RESUME_UNKNOWN"
+    RESUME_EXPIRED = "RESUME_EXPIRED"
+    RESUME_REFUSED = "RESUME_REFUSED"
+    RECONNECT_GAVE_UP = "RECONNECT_GAVE_UP"
+    # Local only: a SessionProtocol method called in a state where it cannot act (never sent).
+    INVALID_STATE = "INVALID_STATE"
