@@ -19,37 +19,24 @@ what arrived before the CLOSE and may still send its replies until it acknowledg
 from __future__ import annotations
 
 import logging
-import sys
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import msgspec
 
 from m2mwire.codecs import (
     Algorithm,
     Encoding,
-    compress_binary,
     count_tokens,
-    decode_m2m_binary,
-    decode_wire,
-    decompress_binary,
-    encode_m2m_binary,
-    select_algorithm,
 )
-from m2mwire.codecs.avpheader import FLAG_COMPRESSED, payload_size
 from m2mwire.codecs.buffers import Buffer
-from m2mwire.codecs.jsonutil import check_json_text, dumps_compact, loads_limited, parse_json
-from m2mwire.codecs.select import NONE_BELOW
+from m2mwire.codecs.jsonutil import check_json_text, dumps_compact
 from m2mwire.codecs.utf8 import utf8_len
-from m2mwire.codecs.varint import b64encode
-from m2mwire.codecs.wire import encode_with
-from m2mwire.codecs.zstdcontext import ZSTD_KIND, ZSTD_PREFIX, payload_bound
 from m2mwire.errors import (
-    DecodeError,
     EncodeError,
     LimitExceeded,
     M2MError,
@@ -75,7 +62,6 @@ from m2mwire.schemas.messages import (
     ZstdCaps,
     decode_data,
     decode_message,
-    encode_data,
     encode_message,
 )
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, SessionConfig
@@ -86,11 +72,26 @@ from m2mwire.session.negotiation import (
     negotiate_client,
     negotiate_server,
 )
+from m2mwire.session.payload import (
+    AVP_MORE_KEY,
+    AVP_REPLY_TO_KEY,
+    AVP_REQUEST_ID_KEY,
+    AVP_RESERVED_PREFIX,
+    Message,
+    SentInfo,
+    Violation,
+    check_avp_frame,
+    check_payload_size,
+    correlate,
+    decode_binary,
+    decode_text_data,
+    encode_binary,
+    encode_text,
+    zstd_binary_tokens,
+    zstd_message,
+)
 from m2mwire.session.resume import ResumeState, message_size, new_token
-from m2mwire.session.zstdstate import ZstdMessage, ZstdSessionState, text_form_bound
-
-if TYPE_CHECKING:
-    from m2mwire.codecs.avp import AVPMessage  # imported when a frame arrives: numpy stays off text sessions
+from m2mwire.session.zstdstate import ZstdMessage, ZstdSessionState
 
 __all__ = [
     "AVP_MORE_KEY",
@@ -119,13 +120,6 @@ __all__ = [
 
 log = logging.getLogger("m2mwire.session")
 
-AVP_MAGIC = b"AV"
-# Reserved keys of an AVP frame's extra map that carry the request/stream correlation fields
-# (AVP frames have no DATA envelope): docs/PROTOCOL.md "Requests and streams".
-AVP_RESERVED_PREFIX = "m2mwire."
-AVP_REQUEST_ID_KEY = "m2mwire.request_id"
-AVP_REPLY_TO_KEY = "m2mwire.reply_to"
-AVP_MORE_KEY = "m2mwire.more"
 # Longest piece of peer input (a name, a version, a type) we repeat in a REJECT, a CLOSE or the log:
 # a peer must not be able to make us echo back or store what it sent in bulk.
 MAX_ECHO_CHARS = 200
@@ -134,7 +128,6 @@ MAX_CAPABILITY_ITEMS = 64
 # The same warning about one session is logged at most once per this many seconds (with a count of
 # those suppressed), so a peer cannot grow the log by flooding, e.g., messages of unknown types.
 WARNING_INTERVAL = 10.0
-_TOKENNATIVE_BINARY_IDS = frozenset({0, 1, 2})
 
 
 class State(Enum):
@@ -152,9 +145,6 @@ _ESTABLISHED = State.ESTABLISHED
 _CLOSING = State.CLOSING
 _CLOSED = State.CLOSED
 _CLOSE_RECEIVED = State.CLOSE_RECEIVED
-# Messages and stats carry algorithm names as plain str (Enum.value is a slow property).
-_UNSET = msgspec.UNSET
-_NAMES: dict[Algorithm, str] = {a: a.value for a in Algorithm}
 
 
 class Role(Enum):
@@ -183,62 +173,6 @@ class SessionInfo:
     peer_version: str
     zstd_window: int = 0  # the agreed zstd window in bytes; 0 when zstd was not negotiated
     zstd_dictionary: str = ""  # SHA-256 (hex) of the shared zstd dictionary in use, if any
-
-
-# Message, SentInfo and SendMessage are made once per message: frozen msgspec
-# Structs build ten times faster than frozen dataclasses (0.14 vs 1.5 us) and read the same.
-
-
-class Message(msgspec.Struct, frozen=True, kw_only=True):
-    """One received DATA message: what arrived and how it travelled."""
-
-    kind: Literal["text", "json", "avp"]
-    algorithm: str  # wire algorithm ("tokennative", "brotli", ...) or "avp"
-    binary: bool  # True when it came as a binary frame
-    wire_bytes: int
-    original_bytes: int
-    text: str | None = None
-    value: Any = None  # the parsed JSON value when kind == "json"
-    avp: AVPMessage | None = None
-    # Requests and streams (Session.request/stream/reply): set when the peer expects an answer
-    # (request_id) or when this answers one of ours (reply_to; more=True for a stream part).
-    request_id: str | None = None
-    reply_to: str | None = None
-    more: bool = False
-    traceparent: str | None = None  # a request's W3C trace context (OpenTelemetry), if it sent one
-    tracestate: str | None = None
-    # Bytes this message holds in memory once decoded: the text object, plus for JSON an upper-bound
-    # estimate of the parsed value (jsonutil.json_cost, up to ~24x the text), plus for AVP the frame
-    # and any decompressed payload. What a queue of received messages should count against a byte
-    # bound: the wire size can be thousands of times smaller (compression) or larger (escapes).
-    decoded_bytes: int = 0
-
-    @property
-    def extra(self) -> dict[str, str]:
-        """The application's metadata of an AVP frame (its ``extra`` map without the reserved
-        ``m2mwire.*`` correlation keys); empty for text and JSON."""
-        if self.avp is None:
-            return {}
-        return {k: v for k, v in self.avp.metadata.extra.items() if not k.startswith(AVP_RESERVED_PREFIX)}
-
-    def json(self) -> Any:
-        """The JSON value (parsing the text if it came as text)."""
-        if self.kind == "json":
-            return self.value
-        if self.text is None:
-            raise DecodeError("this message is an AVP frame, not JSON")
-        return loads_limited(self.text)
-
-
-class SentInfo(msgspec.Struct, frozen=True):
-    """What send() put on the wire. Token counts (cl100k) only with ``token_stats=True``."""
-
-    algorithm: str
-    binary: bool
-    original_bytes: int
-    wire_bytes: int
-    original_tokens: int | None = None
-    wire_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -371,6 +305,8 @@ _type_decoder = msgspec.json.Decoder(_TypeOnly)
 # Outputs returned by data_to_send()
 
 
+# Made once per message, so a frozen msgspec Struct like Message (ten times faster to build than a
+# frozen dataclass).
 class SendMessage(msgspec.Struct, frozen=True):
     message: str | Sequence[Buffer]  # text message, or a binary message as buffers
 
@@ -395,73 +331,6 @@ CLOSE_PROTOCOL_ERROR = 1002
 CLOSE_TOO_BIG = 1009
 CLOSE_GOING_AWAY = 1001
 CLOSE_INTERNAL_ERROR = 1011
-
-
-def _zstd_binary_tokens(frame: bytes | memoryview) -> int:
-    """token_stats for a binary zstd message: the tokens of its #ZS| text form, what the same
-    bytes would cost an LLM reading the wire."""
-    return count_tokens(ZSTD_PREFIX + b64encode(memoryview(frame)[1:]))
-
-
-def _correlate(
-    payload: DataPayload,
-    request_id: str | None,
-    reply_to: str | None,
-    more: bool,
-    trace: Mapping[str, str] | None,
-) -> DataPayload:
-    """Set a request's or an answer's fields on ``payload`` (docs/PROTOCOL.md "Requests and streams")."""
-    if request_id is not None:
-        payload.request_id = request_id
-    if reply_to is not None:
-        payload.reply_to = reply_to
-        payload.more = more
-    if trace:
-        payload.traceparent = trace.get("traceparent", msgspec.UNSET)
-        payload.tracestate = trace.get("tracestate", msgspec.UNSET)
-    return payload
-
-
-def _data_message(
-    payload: DataPayload | None,
-    kind: Literal["text", "json"],
-    algorithm: str,
-    binary: bool,
-    wire_bytes: int,
-    original: int,
-    text: str,
-    value: Any,
-    decoded_bytes: int,
-) -> Message:
-    """The Message for a decoded DATA payload, with its request fields when it has any."""
-    if payload is None or (payload.request_id is _UNSET and payload.reply_to is _UNSET):
-        # plain DATA, the usual case
-        return Message(
-            kind=kind,
-            algorithm=algorithm,
-            binary=binary,
-            wire_bytes=wire_bytes,
-            original_bytes=original,
-            text=text,
-            value=value,
-            decoded_bytes=decoded_bytes,
-        )
-    request_id, reply_to = payload.request_id, payload.reply_to
-    return Message(
-        kind=kind,
-        algorithm=algorithm,
-        binary=binary,
-        wire_bytes=wire_bytes,
-        original_bytes=original,
-        text=text,
-        value=value,
-        request_id=request_id if isinstance(request_id, str) else None,
-        reply_to=reply_to if isinstance(reply_to, str) else None,
-        more=payload.more is True,
-        traceparent=payload.traceparent if isinstance(payload.traceparent, str) else None,
-        tracestate=payload.tracestate if isinstance(payload.tracestate, str) else None,
-        decoded_bytes=decoded_bytes,
-    )
 
 
 class SessionProtocol:
@@ -601,95 +470,35 @@ class SessionProtocol:
                     "binary frame before the session was established", SessionCode.BINARY_BEFORE_ACCEPT
                 )
             return None
-        view = data if type(data) is bytes else memoryview(data)  # bytes index and slice as they are
-        size = len(view)
+        size = len(data) if type(data) is bytes else len(memoryview(data))
         if size > self._payload_limit:  # the channel lets control-sized messages through
             self._too_big(size, "binary message")
             return None
-        if size == 0:
-            self._protocol_violation("empty binary frame", SessionCode.MALFORMED_MESSAGE)
-            return None
-        first = view[0]
+        info = self.info
+        assert info is not None
         try:
-            if first == 0x41 and size > 1 and view[1] == 0x56:  # b"AV": an AVP frame
-                assert self.info is not None
-                if self.info.mode != "LATENT":
-                    self._protocol_violation(
-                        f"AVP frame received but the negotiated mode is {self.info.mode}",
-                        SessionCode.MODE_VIOLATION,
-                    )
-                    return None
-                # bytes take avp's quickest input path; a compressed payload is held to max_payload
-                # (and a hidden state to its shape) before anything is decompressed
-                from m2mwire.codecs.avp import decode as avp_decode  # numpy/protobuf: AVP sessions only
-
-                frame = avp_decode(data, max_output_bytes=self._payload_limit)
-                payload_bytes = len(frame.payload)
-                # the payload is a view into the frame unless it was decompressed
-                held = size + payload_bytes if frame.header.compressed else size
-                extra = frame.metadata.extra
-                if extra and (AVP_REQUEST_ID_KEY in extra or AVP_REPLY_TO_KEY in extra):
-                    message = Message(
-                        kind="avp",
-                        algorithm="avp",
-                        binary=True,
-                        wire_bytes=size,
-                        original_bytes=payload_bytes,
-                        avp=frame,
-                        request_id=extra.get(AVP_REQUEST_ID_KEY),
-                        reply_to=extra.get(AVP_REPLY_TO_KEY),
-                        more=extra.get(AVP_MORE_KEY) == "1",
-                        decoded_bytes=held,
-                    )
-                else:
-                    message = Message(
-                        kind="avp",
-                        algorithm="avp",
-                        binary=True,
-                        wire_bytes=size,
-                        original_bytes=payload_bytes,
-                        avp=frame,
-                        decoded_bytes=held,
-                    )
-            elif first == 0x23:  # "#": an M2M v1 frame in binary form (#M2M|1|...)
-                text = decode_m2m_binary(view, limits=self._limits)
-                message = Message(
-                    kind="text",
-                    algorithm="m2m",
-                    binary=True,
-                    wire_bytes=size,
-                    original_bytes=utf8_len(text),
-                    text=text,
-                    decoded_bytes=sys.getsizeof(text),
-                )
-            elif first == ZSTD_KIND and self._zstd is not None:
-                message_or_none = self._receive_zstd_binary(view, size)
-                if message_or_none is None:
-                    return None
-                message = message_or_none
-                size = self._zstd.received_size  # resume counts it decompressed (PROTOCOL.md §9)
-            elif first in _TOKENNATIVE_BINARY_IDS:
-                text = decompress_binary(view, limits=self._limits)
-                message = Message(
-                    kind="text",
-                    algorithm="tokennative",
-                    binary=True,
-                    wire_bytes=size,
-                    original_bytes=utf8_len(text),
-                    text=text,
-                    decoded_bytes=sys.getsizeof(text),
-                )
-            else:
-                self._protocol_violation(
-                    f"binary frame starts with byte 0x{first:02x}: expected 0x00-0x02 (TokenNative), "
-                    "'#' (M2M v1), 'A' (AVP) or, when zstd was negotiated, 'Z' (zstd context)",
-                    SessionCode.MALFORMED_MESSAGE,
-                )
-                return None
+            message = decode_binary(
+                data,
+                mode=info.mode,
+                limits=self._limits,
+                payload_limit=self._payload_limit,
+                zstd=self._zstd,
+                session_id=self._session_id,
+            )
         except M2MError as exc:  # DecodeError, LimitExceeded, TokenizerUnavailable, ...
             self._refuse_data("binary frame", exc)
             return None
+        if isinstance(message, Violation):
+            self._protocol_violation(message.message, message.code)
+            return None
+        if self.config.token_stats and message.algorithm == "zstd":
+            assert message.text is not None
+            self.stats.original_tokens_received += count_tokens(message.text)
+            self.stats.wire_tokens_received += zstd_binary_tokens(data)
         if self.resume is not None:
+            if message.algorithm == "zstd":
+                assert self._zstd is not None
+                size = self._zstd.received_size  # resume counts it decompressed (PROTOCOL.md §9)
             self._count_received(size)
         return self._deliver(message, now)
 
@@ -726,7 +535,7 @@ class SessionProtocol:
             raise EncodeError(f"send() takes str, dict or list content, not {type(content).__name__}")
         original = len(text) if text.isascii() else utf8_len(text)
         if original > self._payload_limit:
-            self._check_payload_size(original, "message content")
+            check_payload_size(original, self._payload_limit, "message content")
         correlated = request_id is not None or reply_to is not None
         if binary and correlated:
             raise EncodeError(
@@ -734,18 +543,14 @@ class SessionProtocol:
                 "leave binary=False"
             )
         if binary:
-            # TokenNative binary, or with algorithm=m2m an M2M v1 frame in binary form
-            kind = Algorithm.M2M if algorithm is Algorithm.M2M else Algorithm.TOKENNATIVE
-            if kind not in info.algorithms:
-                raise EncodeError(
-                    f"binary=True sends {kind.value} binary frames, but {kind.value} was not negotiated "
-                    f"(negotiated: {', '.join(a.value for a in info.algorithms)})"
-                )
-            if kind is Algorithm.M2M:
-                frame = encode_m2m_binary(text, limits=self._limits)
-            else:
-                frame = compress_binary(text, encoding=info.encoding)
-            self._check_payload_size(len(frame), f"{kind.value} binary frame")
+            kind, frame = encode_binary(
+                text,
+                algorithm,
+                algorithms=info.algorithms,
+                encoding=info.encoding,
+                limits=self._limits,
+                payload_limit=self._payload_limit,
+            )
             self._queue_data(SendMessage((frame,)))
             sent = SentInfo(kind.value, True, original, len(frame))
         else:
@@ -753,7 +558,7 @@ class SessionProtocol:
                 algorithm is Algorithm.ZSTD or (algorithm is None and self.config.optimize == "bytes")
             ):
                 correlation = (
-                    _correlate(DataPayload(algorithm="zstd", content=""), request_id, reply_to, more, trace)
+                    correlate(DataPayload(algorithm="zstd", content=""), request_id, reply_to, more, trace)
                     if correlated
                     else None
                 )
@@ -763,25 +568,19 @@ class SessionProtocol:
                 if zsent is not None:
                     self._account_sent(zsent, now)
                     return zsent
-            if algorithm is None:
-                algorithm = select_algorithm(
-                    text, allowed=info.algorithms, optimize=self.config.optimize, encoding=info.encoding
-                )
-            elif algorithm not in info.algorithms:
-                raise EncodeError(
-                    f"algorithm {algorithm.value} was not negotiated for this session "
-                    f"(negotiated: {', '.join(a.value for a in info.algorithms)})"
-                )
-            wire = encode_with(text, algorithm, info.encoding, limits=self._limits)
-            wire_len = original if wire is text else utf8_len(wire)
-            payload = DataPayload(
-                algorithm=algorithm, content=wire, original_size=original, content_type=content_type
+            envelope, name, wire, wire_len = encode_text(
+                text,
+                content_type,
+                original,
+                algorithm,
+                algorithms=info.algorithms,
+                encoding=info.encoding,
+                optimize=self.config.optimize,
+                session_id=info.session_id,
+                limits=self._limits,
+                payload_limit=self._payload_limit,
+                correlation=(request_id, reply_to, more, trace) if correlated else None,
             )
-            if correlated:
-                _correlate(payload, request_id, reply_to, more, trace)
-            envelope = encode_data(payload, info.session_id)
-            if len(envelope) > self._payload_limit or not envelope.isascii():
-                self._check_payload_size(utf8_len(envelope), "DATA message")
             if self.resume is None:
                 self._outputs.append(SendMessage(envelope))
                 self.outputs_total += 1
@@ -791,9 +590,9 @@ class SessionProtocol:
                 tokens = (count_tokens(text), count_tokens(wire))
                 self.stats.original_tokens_sent += tokens[0]
                 self.stats.wire_tokens_sent += tokens[1]
-                sent = SentInfo(_NAMES[algorithm], False, original, wire_len, *tokens)
+                sent = SentInfo(name, False, original, wire_len, *tokens)
             else:
-                sent = SentInfo(_NAMES[algorithm], False, original, wire_len)
+                sent = SentInfo(name, False, original, wire_len)
         self._account_sent(sent, now)
         return sent
 
@@ -807,57 +606,39 @@ class SessionProtocol:
         *,
         explicit: bool,
     ) -> SentInfo | None:
-        """Queue ``text`` through the session's zstd context; None when it cannot go that way and
-        automatic selection should choose another algorithm. ``correlation`` holds a request's or
-        an answer's fields (None on plain DATA).
-
-        Every size check happens before compressing: a message compressed into the context must be
-        sent, or the peer's context would miss it.
-        """
+        """Queue ``text`` through the session's zstd context (:func:`payload.zstd_message`); None
+        when it cannot go that way and automatic selection should choose another algorithm."""
         state = self._zstd
         assert state is not None
-        limit = self._payload_limit
-        if state.peer_binary:
-            # The whole DATA message goes through the context (see inner_message), bounded like a
-            # text message: at most max_payload.
-            envelope = state.envelope(content_type, correlation)
-            inner = len(envelope) + original
-            if inner <= limit and 1 + payload_bound(inner) <= limit:
-                zmessage = ZstdMessage(envelope + text.encode("utf-8"))
-                frame = state.binary_frame(zmessage)
-                self._queue_data(SendMessage((frame,)), zmessage)  # resume retains zmessage, not frame
-                if self.config.token_stats:
-                    tokens = (count_tokens(text), _zstd_binary_tokens(frame))
-                    self.stats.original_tokens_sent += tokens[0]
-                    self.stats.wire_tokens_sent += tokens[1]
-                    return SentInfo("zstd", True, original, len(frame), *tokens)
-                return SentInfo("zstd", True, original, len(frame))
-        # The text form: only the content goes through the context, inside a plain DATA envelope.
-        # Chosen automatically only from NONE_BELOW bytes on, like every base64 form (below it the
-        # base64 payload is longer than the content).
-        if not explicit and original < NONE_BELOW:
+        zmessage = zstd_message(
+            state,
+            text,
+            content_type,
+            original,
+            session_id=info.session_id,
+            payload_limit=self._payload_limit,
+            correlation=correlation,
+            explicit=explicit,
+        )
+        if zmessage is None:
             return None
-        payload = correlation or DataPayload(algorithm="zstd", content="")
-        payload.content, payload.original_size, payload.content_type = "", original, content_type
-        # The envelope without its content, measured exactly (request and trace fields vary).
-        if text_form_bound(original) + utf8_len(encode_data(payload, info.session_id)) <= limit:
-            zmessage = ZstdMessage(text.encode("utf-8"), payload)
-            self._queue_data(SendMessage(state.wire(zmessage)), zmessage)
-            wire = payload.content
-            if self.config.token_stats:
-                tokens = (count_tokens(text), count_tokens(wire))
-                self.stats.original_tokens_sent += tokens[0]
-                self.stats.wire_tokens_sent += tokens[1]
-                return SentInfo("zstd", False, original, len(wire), *tokens)
-            return SentInfo("zstd", False, original, len(wire))
-        if explicit:
-            raise LimitExceeded(
-                f"message content of {original} bytes is too close to the negotiated max_payload of {limit} "
-                "bytes for zstd's worst case; send it with algorithm='brotli' or raise max_payload",
-                limit=limit,
-                actual=original,
-            )
-        return None
+        out = state.wire(zmessage)  # compressed into the context: from here on it must be sent
+        self._queue_data(SendMessage(out), zmessage)  # resume retains zmessage, not its wire form
+        stats = self.config.token_stats
+        if isinstance(out, str):  # the text form: a DATA envelope carrying #ZS|
+            assert zmessage.payload is not None
+            wire = zmessage.payload.content
+            sent = SentInfo("zstd", False, original, len(wire))
+            wire_tokens = count_tokens(wire) if stats else 0
+        else:  # the binary form: the whole DATA message is the frame
+            sent = SentInfo("zstd", True, original, len(out[0]))
+            wire_tokens = zstd_binary_tokens(out[0]) if stats else 0
+        if stats:
+            original_tokens = count_tokens(text)
+            self.stats.original_tokens_sent += original_tokens
+            self.stats.wire_tokens_sent += wire_tokens
+            sent = SentInfo("zstd", sent.binary, original, sent.wire_bytes, original_tokens, wire_tokens)
+        return sent
 
     def reset_codec_state(self) -> None:
         """Forget the zstd history of both directions (resume calls this on both ends, before any
@@ -880,21 +661,7 @@ class SessionProtocol:
                 f"cannot send an AVP frame: this session negotiated {info.mode} mode "
                 f"({info.mode_reason}); latent mode needs both agents to offer a compatible model identity"
             )
-        if len(parts) == 1 and type(first := parts[0]) is bytes:  # the usual case, without views
-            size = len(first)
-            magic = first[:2]
-        else:
-            size = sum(memoryview(p).nbytes for p in parts)
-            magic = bytes(memoryview(parts[0])[:2]) if parts else b""
-        if size < 12 or magic != AVP_MAGIC:
-            raise EncodeError("send_frame() takes an encoded AVP frame (starting with b'AV')")
-        if size > self._payload_limit:
-            self._check_payload_size(size, "AVP frame")
-        if memoryview(parts[0])[3] & FLAG_COMPRESSED:
-            # The receiver holds the decompressed payload to max_payload: check the same quantity
-            # here (read from the zstd header; a compressed frame is small, so joining it is cheap).
-            one = parts[0] if len(parts) == 1 else b"".join(parts)
-            self._check_payload_size(payload_size(one), "decompressed AVP payload")
+        size = check_avp_frame(parts, self._payload_limit)
         self._queue_data(SendMessage(parts if type(parts) is tuple else tuple(parts)))
         sent = SentInfo("avp", True, size, size)
         self._account_sent(sent, now)
@@ -1228,36 +995,15 @@ class SessionProtocol:
             )
             return None
         assert isinstance(payload, DataPayload)
-        content = payload.content
-        limits = self._limits
-        wire_bytes = len(content) if content.isascii() else utf8_len(content)
         try:
-            if self._zstd is not None and content.startswith(ZSTD_PREFIX):
-                # limits.max_output_bytes is already at most the negotiated max_payload
-                text, algorithm = self._zstd.decode_text(content, limits.max_output_bytes), "zstd"
-                original = utf8_len(text)
-            elif content.startswith("#") or wire_bytes > min(
-                limits.max_message_bytes, limits.max_output_bytes
-            ):
-                decoded = decode_wire(content, limits=limits)  # raises for the limits
-                text, algorithm = decoded.content, _NAMES[decoded.algorithm]
-                original = wire_bytes if text is content else utf8_len(text)
-            else:  # no prefix: NONE, decode_wire's first case without its calls (the hot path)
-                text, algorithm, original = content, "none", wire_bytes
-            held = sys.getsizeof(text)
-            if payload.content_type == "json":
-                value, cost = parse_json(text, limits=limits)
-                held += cost
-                kind: Literal["text", "json"] = "json"
-            else:
-                value, kind = None, "text"
+            message = decode_text_data(payload, self._limits, self._zstd)
         except M2MError as exc:  # DecodeError, LimitExceeded, TokenizerUnavailable, ...
             self._refuse_data(f"DATA ({payload.algorithm})", exc)
             return None
         if self.config.token_stats:
-            self.stats.original_tokens_received += count_tokens(text)
-            self.stats.wire_tokens_received += count_tokens(content)
-        message = _data_message(payload, kind, algorithm, False, wire_bytes, original, text, value, held)
+            assert message.text is not None
+            self.stats.original_tokens_received += count_tokens(message.text)
+            self.stats.wire_tokens_received += count_tokens(payload.content)
         return self._deliver(message, now)
 
     def _on_ping(self, sid: str | None, _payload: Any, _now: float) -> None:
@@ -1521,26 +1267,6 @@ class SessionProtocol:
         z = cfg.zstd
         return ZstdCaps(window=z.window, binary=z.binary, dictionaries=[d.id for d in z.dictionaries])
 
-    def _receive_zstd_binary(self, view: bytes | memoryview, size: int) -> Message | None:
-        """The DATA message inside a zstd-context binary frame (raises M2MError when undecodable)."""
-        assert self._zstd is not None
-        session_id, payload, kind, text = self._zstd.decode_binary(view, self._payload_limit)
-        if session_id != self._session_id:
-            self._protocol_violation(
-                f"DATA for session {session_id!r} on session {self._session_id!r}",
-                SessionCode.UNKNOWN_SESSION,
-            )
-            return None
-        held = sys.getsizeof(text)
-        value = None
-        if kind == "json":
-            value, cost = parse_json(text, limits=self._limits)
-            held += cost
-        if self.config.token_stats:
-            self.stats.original_tokens_received += count_tokens(text)
-            self.stats.wire_tokens_received += _zstd_binary_tokens(view)
-        return _data_message(payload, kind, "zstd", True, size, utf8_len(text), text, value, held)
-
     def _establish(self, result: Negotiated, peer: Capabilities, now: float) -> None:
         assert self._session_id is not None
         self.state = State.ESTABLISHED
@@ -1619,15 +1345,6 @@ class SessionProtocol:
         )
         self._fail(err, SessionCode.MESSAGE_TOO_BIG, CLOSE_TOO_BIG)
         return False
-
-    def _check_payload_size(self, size: int, what: str) -> None:
-        limit = self._payload_limit
-        if size > limit:
-            raise LimitExceeded(
-                f"{what} is {size} bytes, over the negotiated max_payload of {limit} bytes",
-                limit=limit,
-                actual=size,
-            )
 
     def _deliver(self, message: Message, now: float) -> Message:
         self._last_data = now
