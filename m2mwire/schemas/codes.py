@@ -12,8 +12,9 @@ keeps the enums and that table equal.
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import NamedTuple
 
-__all__ = ["RejectCode", "SessionCode"]
+__all__ = ["RejectCode", "SessionCode", "Violation"]
 
 
 class RejectCode(StrEnum):
@@ -60,3 +61,11 @@ class SessionCode(StrEnum):
     RECONNECT_GAVE_UP = "RECONNECT_GAVE_UP"
     # Local only: a SessionProtocol method called in a state where it cannot act (never sent).
     INVALID_STATE = "INVALID_STATE"
+
+
+class Violation(NamedTuple):
+    """A protocol rule the peer broke: the session closes with ``code``, telling the peer
+    ``message`` (docs/PROTOCOL.md §3)."""
+
+    code: SessionCode
+    message: str

@@ -23,7 +23,6 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from enum import Enum
 from typing import Any, Literal
 
 import msgspec
@@ -46,7 +45,7 @@ from m2mwire.errors import (
     SessionRejected,
     SessionTimeout,
 )
-from m2mwire.schemas.codes import RejectCode, SessionCode
+from m2mwire.schemas.codes import RejectCode, SessionCode, Violation
 from m2mwire.schemas.messages import (
     PROTOCOL_VERSION,
     AckPayload,
@@ -79,7 +78,6 @@ from m2mwire.session.payload import (
     AVP_RESERVED_PREFIX,
     Message,
     SentInfo,
-    Violation,
     check_avp_frame,
     check_payload_size,
     correlate,
@@ -91,6 +89,7 @@ from m2mwire.session.payload import (
     zstd_message,
 )
 from m2mwire.session.resume import ResumeState, message_size, new_token
+from m2mwire.session.states import BINARY, Inbound, Role, State, expected, unexpected
 from m2mwire.session.zstdstate import ZstdMessage, ZstdSessionState
 
 __all__ = [
@@ -130,26 +129,12 @@ MAX_CAPABILITY_ITEMS = 64
 WARNING_INTERVAL = 10.0
 
 
-class State(Enum):
-    INITIAL = "INITIAL"
-    HELLO_SENT = "HELLO_SENT"
-    ESTABLISHED = "ESTABLISHED"
-    CLOSE_RECEIVED = "CLOSE_RECEIVED"  # the peer closed; our acknowledgement waits for the application
-    CLOSING = "CLOSING"
-    CLOSED = "CLOSED"
-
-
 # Hot-path aliases: reading an Enum member off its class costs ~0.12 us on Python 3.11
 # (EnumType.__getattr__), a module global a tenth of that.
 _ESTABLISHED = State.ESTABLISHED
 _CLOSING = State.CLOSING
 _CLOSED = State.CLOSED
 _CLOSE_RECEIVED = State.CLOSE_RECEIVED
-
-
-class Role(Enum):
-    CLIENT = "client"
-    SERVER = "server"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -447,8 +432,10 @@ class SessionProtocol:
             self._check_received_size(text)  # DATA in another key order than decode_data's
             if self.state is _CLOSED:
                 return None
-        handler = _HANDLERS[msg.type]
-        result = handler(self, msg.session_id, msg.payload, now)
+        if msg.type not in self._expected():
+            self._unexpected(msg.type)
+            return None
+        result = _HANDLERS[msg.type](self, msg.session_id, msg.payload, now)
         if result is not None and self.resume is not None:
             self._count_received(len(text), result)
         return result
@@ -460,15 +447,8 @@ class SessionProtocol:
         if state is _CLOSED:
             return None
         self._last_received = now
-        if state is not _ESTABLISHED and state is not _CLOSING:
-            if state is _CLOSE_RECEIVED:
-                self._protocol_violation(
-                    "binary frame after the peer's CLOSE", SessionCode.UNEXPECTED_MESSAGE
-                )
-            else:
-                self._protocol_violation(
-                    "binary frame before the session was established", SessionCode.BINARY_BEFORE_ACCEPT
-                )
+        if state is not _ESTABLISHED and BINARY not in self._expected():
+            self._unexpected(BINARY)
             return None
         size = len(data) if type(data) is bytes else len(memoryview(data))
         if size > self._payload_limit:  # the channel lets control-sized messages through
@@ -866,11 +846,6 @@ class SessionProtocol:
     # -- message handlers -------------------------------------------------------------------------
 
     def _on_hello(self, _sid: str | None, payload: Any, now: float) -> None:
-        if self.role is not Role.SERVER or self.state is not State.INITIAL or self._awaiting_verdict:
-            self._protocol_violation(
-                f"unexpected HELLO in state {self.state.value}", SessionCode.UNEXPECTED_MESSAGE
-            )
-            return
         assert isinstance(payload, Capabilities)
         if (refusal := _oversized_lists(payload)) is not None:
             self._reject(SessionCode.MESSAGE_TOO_BIG, refusal)
@@ -932,11 +907,6 @@ class SessionProtocol:
         if self._resuming:
             self._on_resume_accept(sid, payload, now)
             return
-        if self.role is not Role.CLIENT or self.state is not State.HELLO_SENT:
-            self._protocol_violation(
-                f"unexpected ACCEPT in state {self.state.value}", SessionCode.UNEXPECTED_MESSAGE
-            )
-            return
         assert isinstance(payload, Capabilities)
         if not sid:
             self._protocol_violation("ACCEPT without a session_id", SessionCode.MALFORMED_MESSAGE)
@@ -970,11 +940,6 @@ class SessionProtocol:
             )
             self._finish(Closed(payload.code, payload.message, by_peer=True, error=refused), CLOSE_NORMAL)
             return
-        if self.role is not Role.CLIENT or self.state is not State.HELLO_SENT:
-            self._protocol_violation(
-                f"unexpected REJECT in state {self.state.value}", SessionCode.UNEXPECTED_MESSAGE
-            )
-            return
         assert isinstance(payload, Rejection)
         err = SessionRejected(
             f"server rejected the session: {payload.code}: {payload.message}", code=payload.code
@@ -982,13 +947,6 @@ class SessionProtocol:
         self._finish(Closed(payload.code, payload.message, by_peer=True, error=err), CLOSE_NORMAL)
 
     def _on_data(self, sid: str | None, payload: Any, now: float) -> Message | None:
-        if self.state is not _ESTABLISHED and self.state is not _CLOSING:
-            expected = "HELLO" if self.role is Role.SERVER else "ACCEPT"
-            code = (
-                SessionCode.DATA_BEFORE_HELLO if self.role is Role.SERVER else SessionCode.DATA_BEFORE_ACCEPT
-            )
-            self._protocol_violation(f"DATA before {expected}: no session is established yet", code)
-            return None
         if sid != self._session_id:
             self._protocol_violation(
                 f"DATA for session {sid!r} on session {self._session_id!r}", SessionCode.UNKNOWN_SESSION
@@ -1012,7 +970,7 @@ class SessionProtocol:
             self._send_ack()  # a quiet moment: release what the peer retains for us
 
     def _on_ack(self, _sid: str | None, payload: Any, _now: float) -> None:
-        if self.resume is None or (self.state is not _ESTABLISHED and self.state is not _CLOSING):
+        if self.resume is None:
             log.warning("ignoring ACK on a session without resume")
             return
         assert isinstance(payload, AckPayload)
@@ -1332,7 +1290,7 @@ class SessionProtocol:
             kind = _type_decoder.decode(text).type
         except (msgspec.DecodeError, UnicodeError):
             kind = ""
-        if kind == "DATA" and self.state in (_ESTABLISHED, _CLOSING):
+        if kind == "DATA" and MessageType.DATA in self._expected():
             if len(text) > self._payload_limit:
                 self._check_received_size(text)
             return self.state is not _CLOSED
@@ -1414,6 +1372,20 @@ class SessionProtocol:
             self._fail(err, SessionCode.MESSAGE_TOO_BIG, CLOSE_TOO_BIG)
             return
         self._protocol_violation(f"undecodable {what}: {exc}", SessionCode.INVALID_DATA)
+
+    def _expected(self) -> frozenset[Inbound]:
+        """The messages this session expects now (session/states.py's table)."""
+        return expected(
+            self.role, self.state, verdict_pending=self._awaiting_verdict is not None, resuming=self._resuming
+        )
+
+    def _unexpected(self, kind: Inbound) -> None:
+        """A message the table does not expect now: the violation it is, or an ignored ACK."""
+        violation = unexpected(self.role, self.state, kind)
+        if violation is None:
+            log.warning("ignoring ACK on a session without resume")
+            return
+        self._protocol_violation(violation.message, violation.code)
 
     def _protocol_violation(self, message: str, code: str) -> None:
         self._fail(ProtocolError(message, code=code), code, CLOSE_PROTOCOL_ERROR)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal, NamedTuple
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
@@ -42,7 +42,7 @@ from m2mwire.codecs.varint import b64encode
 from m2mwire.codecs.wire import encode_with
 from m2mwire.codecs.zstdcontext import ZSTD_KIND, ZSTD_PREFIX, payload_bound
 from m2mwire.errors import DecodeError, EncodeError, LimitExceeded
-from m2mwire.schemas.codes import SessionCode
+from m2mwire.schemas.codes import SessionCode, Violation
 from m2mwire.schemas.messages import DataPayload, encode_data
 from m2mwire.session.zstdstate import ZstdMessage, ZstdSessionState, text_form_bound
 
@@ -56,7 +56,6 @@ __all__ = [
     "AVP_RESERVED_PREFIX",
     "Message",
     "SentInfo",
-    "Violation",
     "check_avp_frame",
     "check_payload_size",
     "correlate",
@@ -139,14 +138,6 @@ class SentInfo(msgspec.Struct, frozen=True):
     wire_bytes: int
     original_tokens: int | None = None
     wire_tokens: int | None = None
-
-
-class Violation(NamedTuple):
-    """A received payload that breaks a protocol rule (rather than failing to decode): the session
-    closes with ``code``, telling the peer ``message``."""
-
-    code: SessionCode
-    message: str
 
 
 # -- receiving ------------------------------------------------------------------------------------

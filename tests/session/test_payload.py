@@ -14,14 +14,13 @@ from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits
 from m2mwire.codecs.select import NONE_BELOW
 from m2mwire.codecs.wire import encode_with
 from m2mwire.errors import DecodeError, EncodeError, LimitExceeded, M2MError
-from m2mwire.schemas.codes import SessionCode
+from m2mwire.schemas.codes import SessionCode, Violation
 from m2mwire.schemas.messages import DataPayload, decode_data
 from m2mwire.session.payload import (
     AVP_MORE_KEY,
     AVP_REPLY_TO_KEY,
     AVP_REQUEST_ID_KEY,
     Message,
-    Violation,
     check_avp_frame,
     check_payload_size,
     correlate,
