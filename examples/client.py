@@ -39,7 +39,7 @@ async def main(url: str, fingerprint: str | None) -> None:
         for algorithm in (None, "tokennative", "token", "brotli"):
             sent = await session.send(REQUEST, algorithm=algorithm)
             reply = await session.recv()
-            answer = reply.value["choices"][0]["message"]
+            answer = reply.json()["choices"][0]["message"]  # json(): untyped access; .value is typed
             print(
                 f"{sent.algorithm:12} {sent.original_bytes:5} -> {sent.wire_bytes:5} bytes, "
                 f"{sent.original_tokens} -> {sent.wire_tokens} tokens; reply: {answer}"

@@ -34,7 +34,7 @@ async def agent(session: m2mwire.Session) -> None:
             hidden = message.avp.tensor().astype(np.float32)
             await session.send(np.tanh(hidden))  # one more "layer", back in latent form
         elif message.kind == "json" and isinstance(message.value, dict) and "messages" in message.value:
-            question = message.value["messages"][-1].get("content", "")
+            question = message.json()["messages"][-1].get("content", "")
             await session.send(
                 {
                     "id": "chatcmpl-example",

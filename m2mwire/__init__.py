@@ -39,6 +39,7 @@ _LAZY = {
     "open_quic_connection": "m2mwire.api",
     "gateway": "m2mwire.gateway",
     "Message": "m2mwire.session.core",
+    "JsonValue": "m2mwire.codecs.jsonutil",
     "Hello": "m2mwire.admission",
     "SessionInfo": "m2mwire.session.core",
     "Timers": "m2mwire.session.config",
@@ -82,6 +83,7 @@ if TYPE_CHECKING:
     from m2mwire.codecs import compress_binary as compress_binary
     from m2mwire.codecs import decompress as decompress
     from m2mwire.codecs import decompress_binary as decompress_binary
+    from m2mwire.codecs.jsonutil import JsonValue as JsonValue
     from m2mwire.codecs.zstdcontext import ZstdDictionary as ZstdDictionary
     from m2mwire.gateway import gateway as gateway
     from m2mwire.reconnect import Reconnect as Reconnect

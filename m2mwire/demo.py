@@ -45,7 +45,7 @@ def answer(message: Message) -> str | dict[str, Any] | np.ndarray[Any, Any]:
         hidden = message.avp.tensor().astype(np.float32)
         return np.tanh(hidden)  # "one more layer", sent back as a hidden state
     if message.kind == "json":
-        value = message.value
+        value = message.json()  # untyped (Any): the demo reads nested fields of its own replies
         if isinstance(value, dict) and "messages" in value:
             last = value["messages"][-1].get("content", "") if value["messages"] else ""
             content = (
@@ -157,7 +157,7 @@ def _describe(reply: Message, room: int) -> str:
         t = reply.avp.tensor()
         return f"AVP hidden state, shape {list(t.shape)}, {t.dtype}"
     if reply.kind == "json":
-        value = reply.value
+        value = reply.json()  # untyped (Any), as above
         if isinstance(value, dict) and value.get("object") == "chat.completion":
             content = str(value["choices"][0]["message"]["content"])
             return "completion " + _shorten(json.dumps(content, ensure_ascii=False), room - 11)

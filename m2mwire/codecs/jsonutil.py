@@ -34,7 +34,7 @@ accounted by their decoded cost.
 from __future__ import annotations
 
 import re
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeAlias
 
 import msgspec
 
@@ -42,7 +42,12 @@ from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits
 from m2mwire.codecs.utf8 import utf8_len
 from m2mwire.errors import DecodeError, EncodeError, LimitExceeded
 
-__all__ = ["check_json_limits", "dumps_compact", "json_path", "loads_limited"]
+__all__ = ["JsonValue", "check_json_limits", "dumps_compact", "json_path", "loads_limited"]
+
+# What a JSON document parses to (msgspec and the json module alike). A received message's
+# ``value`` has this type, so a type checker makes the user narrow it (``isinstance(v, dict)``)
+# before indexing: a peer may send any JSON, and ``Any`` would hide that until run time.
+JsonValue: TypeAlias = "dict[str, JsonValue] | list[JsonValue] | str | int | float | bool | None"
 
 _json_decode = msgspec.json.decode
 _json_encode = msgspec.json.encode

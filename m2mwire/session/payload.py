@@ -33,7 +33,7 @@ from m2mwire.codecs import (
 )
 from m2mwire.codecs.avpheader import FLAG_COMPRESSED, HEADER_SIZE, MAGIC, payload_size
 from m2mwire.codecs.buffers import Buffer
-from m2mwire.codecs.jsonutil import loads_limited, parse_json
+from m2mwire.codecs.jsonutil import JsonValue, loads_limited, parse_json
 from m2mwire.codecs.limits import Limits
 from m2mwire.codecs.m2mframe import M2M_PREFIX
 from m2mwire.codecs.select import NONE_BELOW, Optimize
@@ -97,7 +97,7 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
     wire_bytes: int
     original_bytes: int
     text: str | None = None
-    value: Any = None  # the parsed JSON value when kind == "json"
+    value: JsonValue = None  # the parsed JSON value when kind == "json"
     avp: AVPMessage | None = None
     # Requests and streams (Session.request/stream/reply): set when the peer expects an answer
     # (request_id) or when this answers one of ours (reply_to; more=True for a stream part).
@@ -267,7 +267,7 @@ def _data_message(
     wire_bytes: int,
     original: int,
     text: str,
-    value: Any,
+    value: JsonValue,
     decoded_bytes: int,
 ) -> Message:
     """The Message for a decoded DATA payload, with its request fields when it has any."""
