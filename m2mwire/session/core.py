@@ -433,7 +433,7 @@ class SessionProtocol:
             if self.state is _CLOSED:
                 return None
         if msg.type not in self._expected():
-            self._unexpected(msg.type)
+            self._unexpected(msg.type, now)
             return None
         result = _HANDLERS[msg.type](self, msg.session_id, msg.payload, now)
         if result is not None and self.resume is not None:
@@ -448,7 +448,7 @@ class SessionProtocol:
             return None
         self._last_received = now
         if state is not _ESTABLISHED and BINARY not in self._expected():
-            self._unexpected(BINARY)
+            self._unexpected(BINARY, now)
             return None
         size = len(data) if type(data) is bytes else len(memoryview(data))
         if size > self._payload_limit:  # the channel lets control-sized messages through
@@ -969,9 +969,9 @@ class SessionProtocol:
         if self.resume is not None and self.resume.ack_pending and self._live:
             self._send_ack()  # a quiet moment: release what the peer retains for us
 
-    def _on_ack(self, _sid: str | None, payload: Any, _now: float) -> None:
-        if self.resume is None:
-            log.warning("ignoring ACK on a session without resume")
+    def _on_ack(self, _sid: str | None, payload: Any, now: float) -> None:
+        if self.resume is None:  # rate-limited, as every warning a peer can trigger at will
+            self._warn(now, "ignoring ACK on a session without resume")
             return
         assert isinstance(payload, AckPayload)
         try:
@@ -1379,11 +1379,11 @@ class SessionProtocol:
             self.role, self.state, verdict_pending=self._awaiting_verdict is not None, resuming=self._resuming
         )
 
-    def _unexpected(self, kind: Inbound) -> None:
+    def _unexpected(self, kind: Inbound, now: float) -> None:
         """A message the table does not expect now: the violation it is, or an ignored ACK."""
         violation = unexpected(self.role, self.state, kind)
-        if violation is None:
-            log.warning("ignoring ACK on a session without resume")
+        if violation is None:  # rate-limited: a peer must not be able to grow the log by flooding
+            self._warn(now, "ignoring ACK before the session is established")
             return
         self._protocol_violation(violation.message, violation.code)
 

@@ -548,6 +548,21 @@ def test_unknown_message_type_is_ignored_with_a_warning(caplog: pytest.LogCaptur
     assert "unknown type" in caplog.text
 
 
+def test_an_ack_flood_logs_one_warning_per_interval(caplog: pytest.LogCaptureFixture) -> None:
+    # A peer may send ACK at will; without resume each was logged, so a flood grew the log.
+    c, s = pair()
+    drain(s)
+    ack = json.dumps({"type": "ACK", "payload": {"received": 1}, "timestamp": 1})
+    with caplog.at_level(logging.WARNING, logger="m2mwire.session"):
+        for i in range(1000):
+            s.receive_text(ack, 1.0 + i / 1000)
+        s.receive_text(ack, 100.0)  # the next interval: one more line, counting the rest
+    lines = [r.getMessage() for r in caplog.records if "ignoring ACK" in r.getMessage()]
+    assert len(lines) == 2, lines
+    assert "999 similar warnings suppressed" in lines[1]
+    assert s.state is State.ESTABLISHED
+
+
 def test_ping_answered_with_pong_in_order() -> None:
     c, s = pair()
     s.receive_text(
