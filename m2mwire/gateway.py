@@ -15,11 +15,11 @@ import logging
 from collections import deque
 from typing import Any
 
-from m2mwire.api import _server_ssl
 from m2mwire.codecs.limits import MiB
 from m2mwire.errors import TransportError
 from m2mwire.lifecycle import Listening
 from m2mwire.options import parse_url
+from m2mwire.shell.server import server_ssl
 from m2mwire.transport.base import Channel, Message, PushChannel
 from m2mwire.transport.nats.options import NATS_OPTIONS
 
@@ -64,7 +64,7 @@ class Gateway(Listening):
 
             ssl_ctx = self._options.get("ssl")
             if ep.scheme == "wss" and ssl_ctx is None:
-                ssl_ctx, self.fingerprint = _server_ssl(self._options)
+                ssl_ctx, self.fingerprint = server_ssl(self._options)
             self._impl = await serve_websocket(
                 self._relay, ep.host, ep.port, max_message_size=self._max, ssl=ssl_ctx
             )

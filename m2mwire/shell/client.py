@@ -1,0 +1,151 @@
+"""``connect()``: open a channel to a server and run a client session over it."""
+
+from __future__ import annotations
+
+import dataclasses
+import ssl as ssl_module
+from collections.abc import Awaitable, Generator
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Unpack
+
+from m2mwire.options import ConnectOptions, Endpoint, parse_url, split_options
+from m2mwire.reconnect import parse_reconnect
+from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, SessionConfig
+from m2mwire.session.core import Role, SessionProtocol
+from m2mwire.shell.session import Session
+from m2mwire.shell.warmup import warm_tokenizers
+from m2mwire.transport.base import Channel
+
+if TYPE_CHECKING:
+    from m2mwire.transport.quic import QuicClientConnection
+
+__all__ = ["connect", "open_quic_connection"]
+
+_QUIC_CLIENT_OPTIONS = ("cafile", "cadata", "fingerprint", "insecure", "server_name", "idle_timeout")
+
+
+async def _open_channel(ep: Endpoint, config: SessionConfig, topts: dict[str, Any]) -> Channel:
+    # Only control messages (ACCEPT, REJECT) until the session is established; the Session then
+    # raises the limit to the negotiated max_payload.
+    max_size = CONTROL_MESSAGE_LIMIT
+    if ep.scheme == "nats":
+        from m2mwire.transport.nats.service import open_nats_channel
+
+        return await open_nats_channel(
+            ep.url, max_message_size=max_size, options=topts, open_timeout=topts.get("open_timeout", 10.0)
+        )
+    if ep.scheme in ("ws", "wss"):
+        from m2mwire.transport.websocket import connect_websocket
+
+        ssl_ctx = topts.get("ssl")
+        if ep.scheme == "wss" and ssl_ctx is None:
+            ssl_ctx = _client_ssl(topts)
+        kwargs: dict[str, Any] = {"max_message_size": max_size, "ssl": ssl_ctx}
+        if ep.scheme == "wss" and topts.get("fingerprint"):
+            kwargs["fingerprint"] = topts["fingerprint"]
+        if "open_timeout" in topts:
+            kwargs["open_timeout"] = topts["open_timeout"]
+        if config.token is not None:
+            # Also on the upgrade, so an HTTP proxy or gateway in front can authenticate it.
+            kwargs["additional_headers"] = {"Authorization": f"Bearer {config.token}"}
+        return await connect_websocket(ep.url, **kwargs)
+    from m2mwire.transport.quic import QuicClientConnection, open_quic_channel
+
+    shared = topts.get("connection")
+    if shared is not None:
+        if not isinstance(shared, QuicClientConnection):
+            raise TypeError("connection= takes a connection from m2mwire.open_quic_connection()")
+        # open_timeout also bounds the wait for a free stream when the connection has none left.
+        return await shared.open_channel(max_message_size=max_size, timeout=topts.get("open_timeout"))
+    qopts = {k: v for k, v in topts.items() if k in _QUIC_CLIENT_OPTIONS}
+    if "open_timeout" in topts:
+        qopts["connect_timeout"] = topts["open_timeout"]
+    return await open_quic_channel(ep.host, ep.port, max_message_size=max_size, **qopts)
+
+
+async def open_quic_connection(url: str, **options: Any) -> QuicClientConnection:
+    """Open one QUIC connection to share between sessions: ``connect(url, connection=conn)``.
+
+    Options: cafile, cadata, fingerprint, insecure, server_name, idle_timeout, max_payload (the
+    default incoming message limit of its channels). Close it with ``await conn.close()``.
+    """
+    from m2mwire.codecs.limits import MiB
+    from m2mwire.transport.quic import connect_quic
+
+    ep = parse_url(url)
+    if ep.scheme != "quic":
+        raise ValueError(f"open_quic_connection() needs a quic:// URL, not {url!r}")
+    unknown = set(options) - {*_QUIC_CLIENT_OPTIONS, "max_payload"}
+    if unknown:
+        raise TypeError(f"unknown option(s) for open_quic_connection(): {', '.join(sorted(unknown))}")
+    max_size = options.pop("max_payload", 16 * MiB)
+    return await connect_quic(ep.host, ep.port, max_message_size=max_size, **options)
+
+
+def _client_ssl(topts: dict[str, Any]) -> ssl_module.SSLContext:
+    from m2mwire.transport.tls import client_ssl_context
+
+    return client_ssl_context(
+        cafile=topts.get("cafile"),
+        cadata=topts.get("cadata"),
+        fingerprint=topts.get("fingerprint"),
+        insecure=bool(topts.get("insecure", False)),
+        target="wss:// server",
+    )
+
+
+class connect:
+    """Open a client session: ``async with m2mwire.connect("ws://host:port") as session: ...``.
+
+    Also awaitable: ``session = await m2mwire.connect(url)`` (then ``await session.close()``).
+    Options: algorithms, encodings, preferred_encoding, identity, max_payload, timers (a Timers or a
+    dict), optimize, token_stats, agent_id, agent_type, limits, max_queue, max_queue_bytes; transport
+    options: ssl (an SSLContext for wss://), cafile/cadata/fingerprint/insecure (TLS verification for
+    wss:// and quic://), server_name, open_timeout, idle_timeout (QUIC), connection (a QUIC
+    connection from :func:`open_quic_connection`, to run several sessions over one connection).
+
+    ``reconnect=True`` (or a dict, or :class:`m2mwire.Reconnect`): once established, the session
+    outlives its connections: on a loss (or unanswered PINGs) it reconnects with exponential
+    backoff and jitter and resumes, retransmitting what the server did not get; ``send()`` and
+    ``recv()`` neither fail nor lose nor duplicate meanwhile (``send()`` waits once
+    ``resume_buffer_bytes`` of unacknowledged messages are retained). When resuming is impossible
+    the session ends with ``SessionClosed`` whose ``code`` says why: ``RESUME_EXPIRED``,
+    ``RESUME_UNKNOWN`` (e.g. the server restarted), ``RESUME_REFUSED`` or ``RECONNECT_GAVE_UP``.
+    """
+
+    def __init__(self, url: str, **options: Unpack[ConnectOptions]) -> None:
+        self._endpoint = parse_url(url)
+        given: dict[str, Any] = dict(options)
+        reconnect = parse_reconnect(given.pop("reconnect", None))
+        self._config, self._topts = split_options(given, "connect", self._endpoint)
+        self._reconnect = reconnect
+        if reconnect is not None:
+            self._config = dataclasses.replace(self._config, resume=True)
+        self._session: Session | None = None
+
+    def _new_channel(self) -> Awaitable[Channel]:
+        return _open_channel(self._endpoint, self._config, self._topts)
+
+    async def _open(self) -> Session:
+        channel = await self._new_channel()
+        session = Session(channel, SessionProtocol(Role.CLIENT, self._config))
+        if self._reconnect is not None:
+            # Only after the first handshake: a first connect() that fails raises as before.
+            session._reconnect = self._reconnect
+            session._reopen = self._new_channel
+        await session._start()
+        await warm_tokenizers(session.info, self._config)
+        self._session = session
+        return session
+
+    def __await__(self) -> Generator[Any, None, Session]:
+        return self._open().__await__()
+
+    async def __aenter__(self) -> Session:
+        return await self._open()
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if self._session is not None:
+            await self._session.close()

@@ -1,0 +1,293 @@
+"""``serve()`` and ``Server``: accept connections, run a session and the application's handler on each.
+
+The server drives its sessions only through :class:`~m2mwire.shell.hosting.HostedSession`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import ssl as ssl_module
+import uuid
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
+from typing import Any, Unpack
+
+from m2mwire import tracing
+from m2mwire.admission import Admission
+from m2mwire.errors import M2MError, SessionRejected
+from m2mwire.lifecycle import Listening
+from m2mwire.options import ServeOptions, load_server_certificate, parse_url, split_options
+from m2mwire.session.config import CONTROL_MESSAGE_LIMIT
+from m2mwire.session.core import ResumeRequested, Role, SessionProtocol, Stats
+from m2mwire.shell.hosting import HandedOver, HostedSession
+from m2mwire.shell.serverstats import ServerStats, add_stats
+from m2mwire.shell.session import ServerSide, Session
+from m2mwire.shell.warmup import warm_tokenizers
+from m2mwire.transport.base import Channel
+
+__all__ = ["Handler", "Server", "ServerStats", "serve", "server_ssl"]
+
+log = logging.getLogger("m2mwire.session")
+
+_ENDED_IDS_KEPT = 10_000  # ids of ended resumable sessions a server remembers (RESUME_EXPIRED vs _UNKNOWN)
+
+Handler = Callable[[Session], Awaitable[None]]
+
+
+class Server(Listening):
+    """A running m2mwire server (WebSocket or QUIC). Use as ``async with serve(...) as server``."""
+
+    def __init__(self, handler: Handler, url: str, options: dict[str, Any]) -> None:
+        self._handler = handler
+        self._endpoint = parse_url(url)
+        options = dict(options)
+        if "token" in options:
+            raise TypeError(
+                "token= is a connect() option (the client's credential); serve() checks it with on_hello="
+            )
+        self._admission = Admission(
+            options.pop("on_hello", None),
+            max_sessions=options.pop("max_sessions", None),
+            max_sessions_per_peer=options.pop("max_sessions_per_peer", None),
+        )
+        self._config, self._topts = split_options(options, "serve", self._endpoint)
+        self._active: set[str] = set()
+        self._sessions: set[HostedSession] = set()
+        self._resumable: dict[str, HostedSession] = {}  # established sessions that negotiated resume
+        self._ended_ids: OrderedDict[str, str] = OrderedDict()  # recently ended: id -> how
+        self._ended = Stats()  # sums over sessions that have ended
+        self._opened = self._refused = 0
+        self._handler_tasks: set[asyncio.Task[Any]] = set()
+        self._impl: Any = None
+        self.port = self._endpoint.port
+        self.fingerprint: str | None = None
+
+    @property
+    def url(self) -> str:
+        if self._endpoint.scheme == "nats":
+            return self._endpoint.url
+        host = self._endpoint.host
+        if ":" in host:
+            host = f"[{host}]"
+        return f"{self._endpoint.scheme}://{host}:{self.port}"
+
+    @property
+    def active_sessions(self) -> int:
+        return len(self._sessions)
+
+    @property
+    def stats(self) -> ServerStats:
+        """Counts and byte/message sums over this server's sessions (a snapshot)."""
+        totals = Stats()
+        add_stats(totals, self._ended)
+        for session in self._sessions:
+            add_stats(totals, session.stats)
+        return ServerStats(len(self._sessions), self._opened, self._refused, totals)
+
+    def _new_session_id(self) -> str:
+        # Unique among this server's live sessions (uuid4 collisions are only theoretical).
+        while True:
+            sid = str(uuid.uuid4())
+            if sid not in self._active:
+                self._active.add(sid)
+                return sid
+
+    async def _run_session(self, channel: Channel) -> None:
+        admission = self._admission
+        protocol = SessionProtocol(
+            Role.SERVER, self._config, session_id_factory=self._new_session_id, admission=admission.active
+        )
+        session: HostedSession = ServerSide(channel, protocol, admission, self._resume)
+        self._sessions.add(session)
+        task = asyncio.current_task()
+        if task is not None:
+            self._handler_tasks.add(task)  # aclose() cancels a handler that ignores the shutdown
+        try:
+            try:
+                info = await session.handshake()
+            except HandedOver:
+                await session.wait_channel_released()
+                return
+            except M2MError as exc:
+                if isinstance(exc, SessionRejected):
+                    self._refused += 1
+                log.info("session from %s not established: %s", channel.remote_address, exc)
+                return
+            self._opened += 1
+            if session.resumable:
+                self._resumable[info.session_id] = session
+            await warm_tokenizers(info, self._config)
+            try:
+                with tracing.use(session.span):  # the handler's own spans join the session's trace
+                    await self._handler(session.session)
+            except M2MError as exc:
+                if session.closed is None:
+                    raise  # not the session's end: the handler's own failure
+                # The session ended under the handler (peer gone, timeout, ...): not a server bug.
+                log.info("session %s ended in handler: %s", info.session_id, exc)
+            await session.close("")
+        except Exception as exc:
+            log.exception("session handler failed for session %s", session.session_id or "-")
+            # Tell the peer the session failed (not a clean end): CLOSE INTERNAL_ERROR, then 1011.
+            await session.close(f"the server's handler failed ({type(exc).__name__})", "INTERNAL_ERROR")
+        finally:
+            self._forget_resumable(session)
+            if task is not None:
+                self._handler_tasks.discard(task)
+            self._sessions.discard(session)
+            add_stats(self._ended, session.stats)
+            if session.session_id is not None:
+                self._active.discard(session.session_id)
+            await session.shutdown()
+
+    def _forget_resumable(self, session: HostedSession) -> None:
+        sid = session.session_id
+        if sid is None or self._resumable.get(sid) is not session:
+            return
+        del self._resumable[sid]
+        closed = session.closed
+        self._ended_ids[sid] = closed.code if closed is not None else "NORMAL"
+        while len(self._ended_ids) > _ENDED_IDS_KEPT:
+            self._ended_ids.popitem(last=False)
+
+    def _resume(self, fresh: HostedSession, request: ResumeRequested) -> None:
+        """A fresh connection's HELLO resumes ``request.session_id``: move the connection to that
+        session, or answer REJECT with why not. The token is compared in constant time; an
+        unknown id and a wrong token are told apart only by someone holding the right token."""
+        target = self._resumable.get(request.session_id)
+        if target is None or target.closed is not None:
+            ended = self._ended_ids.get(request.session_id)
+            if ended == "RESUME_EXPIRED":
+                fresh.refuse_resume(
+                    "RESUME_EXPIRED",
+                    f"the session waited {self._config.resume_window:g} s (resume_window) and ended",
+                )
+            elif ended is not None:
+                fresh.refuse_resume("RESUME_UNKNOWN", f"the session has ended ({ended})")
+            else:
+                fresh.refuse_resume(
+                    "RESUME_UNKNOWN", "this server does not know the session (it may have restarted)"
+                )
+            return
+        if not target.resume_token_matches(request.token):
+            fresh.refuse_resume("RESUME_REFUSED", "wrong resume token for this session")
+            return
+        target.take_over(fresh, request.received)
+
+    async def start(self) -> Server:
+        ep = self._endpoint
+        if ep.scheme == "nats":
+            from m2mwire.transport.nats.service import serve_nats
+
+            self._impl = await serve_nats(
+                self._run_session, ep.url, max_message_size=CONTROL_MESSAGE_LIMIT, options=self._topts
+            )
+            return self
+        if ep.scheme in ("ws", "wss"):
+            from m2mwire.transport.websocket import serve_websocket
+
+            ssl_ctx = self._topts.get("ssl")
+            if ep.scheme == "wss" and ssl_ctx is None:
+                ssl_ctx, self.fingerprint = server_ssl(self._topts)
+            # Until a session is established only control messages arrive (see transport_limit).
+            reuse = {"reuse_port": True} if self._topts.get("reuse_port") else {}
+            self._impl = await serve_websocket(
+                self._run_session,
+                ep.host,
+                ep.port,
+                max_message_size=CONTROL_MESSAGE_LIMIT,
+                ssl=ssl_ctx,
+                **reuse,
+            )
+            self.port = self._impl.sockets[0].getsockname()[1]
+        else:
+            from m2mwire.transport.quic import serve_quic
+
+            qopts = {
+                k: v
+                for k, v in self._topts.items()
+                if k in ("certfile", "keyfile", "idle_timeout", "reuse_port")
+            }
+            if "cert_dir" in self._topts and "certfile" not in qopts:
+                from m2mwire.transport.tls import persistent_self_signed
+
+                qopts["certfile"], qopts["keyfile"], _ = persistent_self_signed(self._topts["cert_dir"])
+            self._impl = await serve_quic(
+                self._run_session, ep.host, ep.port, max_message_size=CONTROL_MESSAGE_LIMIT, **qopts
+            )
+            self.port = self._impl.port
+            self.fingerprint = self._impl.fingerprint
+        return self
+
+    def close(self) -> None:
+        if self._impl is not None:
+            self._impl.close()
+
+    async def wait_closed(self) -> None:
+        if self._impl is not None:
+            await self._impl.wait_closed()
+
+    async def aclose(self) -> None:
+        """Close every live session (CLOSE handshake), then stop the listener and wait for it.
+
+        Takes at most about ``close_timeout``: sessions close concurrently (each within
+        close_timeout), then a handler still running on its closed session is cancelled.
+        Sessions go first: a QUIC server's close ends its connections at once, which would cut
+        the CLOSE exchange short.
+        """
+        timeout = self._config.timers.close_timeout
+        closing = [s.close("server shutting down", wait_resume=False) for s in list(self._sessions)]
+        if closing:
+            # Session.close() bounds itself; this only guards the sum of its steps.
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout + 0.5):
+                    await asyncio.gather(*closing, return_exceptions=True)
+        # Handlers get a moment to notice their session ended; one that ignores it is cancelled,
+        # otherwise the listener's wait_closed() would wait for it forever.
+        handlers = [t for t in self._handler_tasks if not t.done()]
+        if handlers:
+            _, pending = await asyncio.wait(handlers, timeout=0.1)
+            for task in pending:
+                task.cancel()
+            if pending:
+                await asyncio.wait(pending, timeout=1.0)
+        self.close()
+        await self.wait_closed()
+
+
+def server_ssl(topts: dict[str, Any]) -> tuple[ssl_module.SSLContext, str | None]:
+    from m2mwire.transport import tls
+
+    certfile, keyfile = topts.get("certfile"), topts.get("keyfile")
+    if certfile is not None:
+        return load_server_certificate(certfile, keyfile), None
+    if topts.get("cert_dir") is not None:
+        certfile, keyfile, fingerprint = tls.persistent_self_signed(topts["cert_dir"])
+        return tls.server_ssl_context(certfile, keyfile), fingerprint
+    cert = tls.generate_self_signed()
+    certfile, keyfile = cert.write_temp_files()
+    log.warning(
+        "wss:// server uses a generated self-signed certificate, SHA-256 fingerprint %s", cert.fingerprint
+    )
+    return tls.server_ssl_context(certfile, keyfile), cert.fingerprint
+
+
+def serve(handler: Handler, url: str, **options: Unpack[ServeOptions]) -> Server:
+    """Serve sessions: ``async with m2mwire.serve(handler, "ws://127.0.0.1:0") as server: ...``.
+
+    ``handler(session)`` runs once per established session; when it returns, the session is closed.
+    Same session options as :func:`connect`; transport options: ssl (wss://), certfile/keyfile (TLS
+    for wss:// and quic://; without them a self-signed certificate is generated and its
+    fingerprint logged and exposed as ``server.fingerprint``), cert_dir (wss:// and quic://: keep
+    that generated certificate in this directory, so its fingerprint survives restarts),
+    idle_timeout (QUIC, default 20 s).
+
+    Resume (docs/PROTOCOL.md "Resume"): a client that connected with ``reconnect=`` and lost its
+    connection may come back within ``resume_window`` seconds (default 60; 0 turns resume off);
+    meanwhile the handler's ``recv()`` waits and its ``send()`` retains up to
+    ``resume_buffer_bytes`` (default 16 MiB), then waits. After the window ``recv()`` raises
+    ``SessionClosed(code="RESUME_EXPIRED")``.
+    """
+    return Server(handler, url, dict(options))
