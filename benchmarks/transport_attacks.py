@@ -52,7 +52,7 @@ async def _serve(scheme: str) -> None:
         print(json.dumps({"port": server.port, "fingerprint": server.fingerprint}), flush=True)
         loop = asyncio.get_running_loop()
         while line := await loop.run_in_executor(None, sys.stdin.readline):
-            impl = server._impl
+            impl = server._impl.server  # the transport's own server (m2mwire.transport.entries)
             stats: dict[str, Any] = {"stall_ms": round(stall * 1000, 1)}
             if scheme == "quic":
                 stats["quic_connections"] = impl.connections

@@ -19,15 +19,16 @@ from m2mwire.codecs.limits import MiB
 from m2mwire.errors import TransportError
 from m2mwire.lifecycle import Listening
 from m2mwire.options import parse_url
-from m2mwire.shell.server import server_ssl
-from m2mwire.transport.base import Channel, Message, PushChannel
+from m2mwire.transport import registry
+from m2mwire.transport.base import Channel, Listener, Message, PushChannel, TransportConfig
 from m2mwire.transport.nats.options import NATS_OPTIONS
 
 __all__ = ["Gateway", "gateway"]
 
 log = logging.getLogger("m2mwire.gateway")
 
-_LISTEN_OPTIONS = frozenset({"certfile", "keyfile", "ssl", "idle_timeout", "max_payload", "open_timeout"})
+_TRANSPORT_OPTIONS = frozenset({"certfile", "keyfile", "ssl", "idle_timeout"})  # for the listening side
+_LISTEN_OPTIONS = _TRANSPORT_OPTIONS | {"max_payload", "open_timeout"}
 
 
 class Gateway(Listening):
@@ -38,7 +39,7 @@ class Gateway(Listening):
         if unknown:
             raise TypeError(f"unknown gateway option(s): {', '.join(sorted(unknown))}")
         self._endpoint = parse_url(listen_url)
-        if self._endpoint.scheme not in ("ws", "wss", "quic"):
+        if self._endpoint.scheme == "nats":
             raise ValueError(f"a gateway listens on ws://, wss:// or quic://, not {listen_url!r}")
         if parse_url(nats_url).scheme != "nats":
             raise ValueError(f"a gateway carries sessions to a nats:// service, not {nats_url!r}")
@@ -47,35 +48,22 @@ class Gateway(Listening):
         self._nats_options = {k: v for k, v in options.items() if k in NATS_OPTIONS}
         # The largest message relayed; a session negotiating more than this cannot pass.
         self._max = int(options.get("max_payload", 16 * MiB))
-        self._impl: Any = None
+        self._impl: Listener | None = None  # the transport's, once started
         self._relays: set[asyncio.Task[None]] = set()
         self.port = self._endpoint.port
         self.fingerprint: str | None = None
 
     @property
     def url(self) -> str:
-        host = self._endpoint.host
-        return f"{self._endpoint.scheme}://{f'[{host}]' if ':' in host else host}:{self.port}"
+        return self._impl.url if self._impl is not None else self._endpoint.url
 
     async def start(self) -> Gateway:
-        ep = self._endpoint
-        if ep.scheme in ("ws", "wss"):
-            from m2mwire.transport.websocket import serve_websocket
-
-            ssl_ctx = self._options.get("ssl")
-            if ep.scheme == "wss" and ssl_ctx is None:
-                ssl_ctx, self.fingerprint = server_ssl(self._options)
-            self._impl = await serve_websocket(
-                self._relay, ep.host, ep.port, max_message_size=self._max, ssl=ssl_ctx
-            )
-            self.port = self._impl.sockets[0].getsockname()[1]
-        else:
-            from m2mwire.transport.quic import serve_quic
-
-            qopts = {k: v for k, v in self._options.items() if k in ("certfile", "keyfile", "idle_timeout")}
-            self._impl = await serve_quic(self._relay, ep.host, ep.port, max_message_size=self._max, **qopts)
-            self.port = self._impl.port
-            self.fingerprint = self._impl.fingerprint
+        options = {k: v for k, v in self._options.items() if k in _TRANSPORT_OPTIONS}
+        listener = registry.listen(self._relay, self._endpoint, TransportConfig(self._max, options))
+        await listener.start()
+        self._impl = listener
+        self.port = listener.port
+        self.fingerprint = listener.fingerprint
         return self
 
     async def _relay(self, edge: Channel) -> None:

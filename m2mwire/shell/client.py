@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import ssl as ssl_module
 from collections.abc import Awaitable, Generator
 from types import TracebackType
 from typing import TYPE_CHECKING, Any, Unpack
@@ -14,53 +13,20 @@ from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, SessionConfig
 from m2mwire.session.core import Role, SessionProtocol
 from m2mwire.shell.session import Session
 from m2mwire.shell.warmup import warm_tokenizers
-from m2mwire.transport.base import Channel
+from m2mwire.transport import registry
+from m2mwire.transport.base import Channel, TransportConfig
 
 if TYPE_CHECKING:
     from m2mwire.transport.quic import QuicClientConnection
 
 __all__ = ["connect", "open_quic_connection"]
 
-_QUIC_CLIENT_OPTIONS = ("cafile", "cadata", "fingerprint", "insecure", "server_name", "idle_timeout")
 
-
-async def _open_channel(ep: Endpoint, config: SessionConfig, topts: dict[str, Any]) -> Channel:
+async def _open_channel(endpoint: Endpoint, config: SessionConfig, options: dict[str, Any]) -> Channel:
     # Only control messages (ACCEPT, REJECT) until the session is established; the Session then
     # raises the limit to the negotiated max_payload.
-    max_size = CONTROL_MESSAGE_LIMIT
-    if ep.scheme == "nats":
-        from m2mwire.transport.nats.service import open_nats_channel
-
-        return await open_nats_channel(
-            ep.url, max_message_size=max_size, options=topts, open_timeout=topts.get("open_timeout", 10.0)
-        )
-    if ep.scheme in ("ws", "wss"):
-        from m2mwire.transport.websocket import connect_websocket
-
-        ssl_ctx = topts.get("ssl")
-        if ep.scheme == "wss" and ssl_ctx is None:
-            ssl_ctx = _client_ssl(topts)
-        kwargs: dict[str, Any] = {"max_message_size": max_size, "ssl": ssl_ctx}
-        if ep.scheme == "wss" and topts.get("fingerprint"):
-            kwargs["fingerprint"] = topts["fingerprint"]
-        if "open_timeout" in topts:
-            kwargs["open_timeout"] = topts["open_timeout"]
-        if config.token is not None:
-            # Also on the upgrade, so an HTTP proxy or gateway in front can authenticate it.
-            kwargs["additional_headers"] = {"Authorization": f"Bearer {config.token}"}
-        return await connect_websocket(ep.url, **kwargs)
-    from m2mwire.transport.quic import QuicClientConnection, open_quic_channel
-
-    shared = topts.get("connection")
-    if shared is not None:
-        if not isinstance(shared, QuicClientConnection):
-            raise TypeError("connection= takes a connection from m2mwire.open_quic_connection()")
-        # open_timeout also bounds the wait for a free stream when the connection has none left.
-        return await shared.open_channel(max_message_size=max_size, timeout=topts.get("open_timeout"))
-    qopts = {k: v for k, v in topts.items() if k in _QUIC_CLIENT_OPTIONS}
-    if "open_timeout" in topts:
-        qopts["connect_timeout"] = topts["open_timeout"]
-    return await open_quic_channel(ep.host, ep.port, max_message_size=max_size, **qopts)
+    transport = TransportConfig(CONTROL_MESSAGE_LIMIT, options, token=config.token)
+    return await registry.open_channel(endpoint, transport)
 
 
 async def open_quic_connection(url: str, **options: Any) -> QuicClientConnection:
@@ -69,29 +35,9 @@ async def open_quic_connection(url: str, **options: Any) -> QuicClientConnection
     Options: cafile, cadata, fingerprint, insecure, server_name, idle_timeout, max_payload (the
     default incoming message limit of its channels). Close it with ``await conn.close()``.
     """
-    from m2mwire.codecs.limits import MiB
-    from m2mwire.transport.quic import connect_quic
+    from m2mwire.transport.entries import quic  # aioquic: only for QUIC users
 
-    ep = parse_url(url)
-    if ep.scheme != "quic":
-        raise ValueError(f"open_quic_connection() needs a quic:// URL, not {url!r}")
-    unknown = set(options) - {*_QUIC_CLIENT_OPTIONS, "max_payload"}
-    if unknown:
-        raise TypeError(f"unknown option(s) for open_quic_connection(): {', '.join(sorted(unknown))}")
-    max_size = options.pop("max_payload", 16 * MiB)
-    return await connect_quic(ep.host, ep.port, max_message_size=max_size, **options)
-
-
-def _client_ssl(topts: dict[str, Any]) -> ssl_module.SSLContext:
-    from m2mwire.transport.tls import client_ssl_context
-
-    return client_ssl_context(
-        cafile=topts.get("cafile"),
-        cadata=topts.get("cadata"),
-        fingerprint=topts.get("fingerprint"),
-        insecure=bool(topts.get("insecure", False)),
-        target="wss:// server",
-    )
+    return await quic.open_quic_connection(url, **options)
 
 
 class connect:

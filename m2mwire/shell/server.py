@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import ssl as ssl_module
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
@@ -18,16 +17,17 @@ from m2mwire import tracing
 from m2mwire.admission import Admission
 from m2mwire.errors import M2MError, SessionRejected
 from m2mwire.lifecycle import Listening
-from m2mwire.options import ServeOptions, load_server_certificate, parse_url, split_options
+from m2mwire.options import ServeOptions, parse_url, split_options
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT
 from m2mwire.session.core import ResumeRequested, Role, SessionProtocol, Stats
 from m2mwire.shell.hosting import HandedOver, HostedSession
 from m2mwire.shell.serverstats import ServerStats, add_stats
 from m2mwire.shell.session import ServerSide, Session
 from m2mwire.shell.warmup import warm_tokenizers
-from m2mwire.transport.base import Channel
+from m2mwire.transport import registry
+from m2mwire.transport.base import Channel, Listener, TransportConfig
 
-__all__ = ["Handler", "Server", "ServerStats", "serve", "server_ssl"]
+__all__ = ["Handler", "Server", "ServerStats", "serve"]
 
 log = logging.getLogger("m2mwire.session")
 
@@ -60,18 +60,14 @@ class Server(Listening):
         self._ended = Stats()  # sums over sessions that have ended
         self._opened = self._refused = 0
         self._handler_tasks: set[asyncio.Task[Any]] = set()
-        self._impl: Any = None
+        self._impl: Listener | None = None  # the transport's, once started
         self.port = self._endpoint.port
         self.fingerprint: str | None = None
 
     @property
     def url(self) -> str:
-        if self._endpoint.scheme == "nats":
-            return self._endpoint.url
-        host = self._endpoint.host
-        if ":" in host:
-            host = f"[{host}]"
-        return f"{self._endpoint.scheme}://{host}:{self.port}"
+        """The URL clients connect to (with the bound port once started)."""
+        return self._impl.url if self._impl is not None else self._endpoint.url
 
     @property
     def active_sessions(self) -> int:
@@ -177,48 +173,14 @@ class Server(Listening):
         target.take_over(fresh, request.received)
 
     async def start(self) -> Server:
-        ep = self._endpoint
-        if ep.scheme == "nats":
-            from m2mwire.transport.nats.service import serve_nats
-
-            self._impl = await serve_nats(
-                self._run_session, ep.url, max_message_size=CONTROL_MESSAGE_LIMIT, options=self._topts
-            )
-            return self
-        if ep.scheme in ("ws", "wss"):
-            from m2mwire.transport.websocket import serve_websocket
-
-            ssl_ctx = self._topts.get("ssl")
-            if ep.scheme == "wss" and ssl_ctx is None:
-                ssl_ctx, self.fingerprint = server_ssl(self._topts)
-            # Until a session is established only control messages arrive (see transport_limit).
-            reuse = {"reuse_port": True} if self._topts.get("reuse_port") else {}
-            self._impl = await serve_websocket(
-                self._run_session,
-                ep.host,
-                ep.port,
-                max_message_size=CONTROL_MESSAGE_LIMIT,
-                ssl=ssl_ctx,
-                **reuse,
-            )
-            self.port = self._impl.sockets[0].getsockname()[1]
-        else:
-            from m2mwire.transport.quic import serve_quic
-
-            qopts = {
-                k: v
-                for k, v in self._topts.items()
-                if k in ("certfile", "keyfile", "idle_timeout", "reuse_port")
-            }
-            if "cert_dir" in self._topts and "certfile" not in qopts:
-                from m2mwire.transport.tls import persistent_self_signed
-
-                qopts["certfile"], qopts["keyfile"], _ = persistent_self_signed(self._topts["cert_dir"])
-            self._impl = await serve_quic(
-                self._run_session, ep.host, ep.port, max_message_size=CONTROL_MESSAGE_LIMIT, **qopts
-            )
-            self.port = self._impl.port
-            self.fingerprint = self._impl.fingerprint
+        # Until a session is established only control messages arrive (see transport_limit).
+        listener = registry.listen(
+            self._run_session, self._endpoint, TransportConfig(CONTROL_MESSAGE_LIMIT, self._topts)
+        )
+        await listener.start()
+        self._impl = listener
+        self.port = listener.port
+        self.fingerprint = listener.fingerprint
         return self
 
     def close(self) -> None:
@@ -255,23 +217,6 @@ class Server(Listening):
                 await asyncio.wait(pending, timeout=1.0)
         self.close()
         await self.wait_closed()
-
-
-def server_ssl(topts: dict[str, Any]) -> tuple[ssl_module.SSLContext, str | None]:
-    from m2mwire.transport import tls
-
-    certfile, keyfile = topts.get("certfile"), topts.get("keyfile")
-    if certfile is not None:
-        return load_server_certificate(certfile, keyfile), None
-    if topts.get("cert_dir") is not None:
-        certfile, keyfile, fingerprint = tls.persistent_self_signed(topts["cert_dir"])
-        return tls.server_ssl_context(certfile, keyfile), fingerprint
-    cert = tls.generate_self_signed()
-    certfile, keyfile = cert.write_temp_files()
-    log.warning(
-        "wss:// server uses a generated self-signed certificate, SHA-256 fingerprint %s", cert.fingerprint
-    )
-    return tls.server_ssl_context(certfile, keyfile), cert.fingerprint
 
 
 def serve(handler: Handler, url: str, **options: Unpack[ServeOptions]) -> Server:

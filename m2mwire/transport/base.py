@@ -7,13 +7,24 @@ Each transport (WebSocket, QUIC) provides a :class:`Channel` per session.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Protocol, runtime_checkable
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
 
 from m2mwire.codecs.buffers import Buffer  # defined in codecs (the session retains it too); re-exported
 from m2mwire.errors import TransportError
 
-__all__ = ["Buffer", "Channel", "DirectSendChannel", "Message", "OutgoingMessage", "PushChannel"]
+__all__ = [
+    "Buffer",
+    "Channel",
+    "ChannelHandler",
+    "DirectSendChannel",
+    "Listener",
+    "Message",
+    "OutgoingMessage",
+    "PushChannel",
+    "TransportConfig",
+]
 
 Message = str | bytes
 # A binary message may be handed over as a list of buffers (e.g. header, metadata, tensor view) so
@@ -91,3 +102,49 @@ class DirectSendChannel(Channel, Protocol):
     """
 
     def send_now(self, message: OutgoingMessage) -> bool: ...
+
+
+ChannelHandler = Callable[[Channel], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class TransportConfig:
+    """What a transport's ``open()`` and ``listen()`` get besides the URL.
+
+    ``max_message_size`` is the incoming limit a new channel starts with (until a session is
+    established only control messages arrive: the session raises it afterwards); ``options`` are
+    the call's transport options, already checked against what the transport's registration
+    accepts (m2mwire.transport.registry); ``token`` is the client's credential, for transports
+    that can also present it to the infrastructure in front (WebSocket: on the HTTP upgrade).
+    """
+
+    max_message_size: int
+    options: Mapping[str, Any] = field(default_factory=dict)
+    token: str | None = None
+
+
+class Listener(Protocol):
+    """A transport's server side: ``start()`` binds and accepts, each new channel goes to the
+    handler given to the transport's ``listen()`` (in a task of its own); ``close()`` stops
+    accepting, ``wait_closed()`` waits for the handlers still running."""
+
+    @property
+    def url(self) -> str:
+        """The URL clients connect to (with the bound port once started)."""
+        ...
+
+    @property
+    def port(self) -> int:
+        """The bound port (0 where the transport has none, e.g. NATS)."""
+        ...
+
+    @property
+    def fingerprint(self) -> str | None:
+        """SHA-256 of a generated TLS certificate, for clients to pin; None otherwise."""
+        ...
+
+    async def start(self) -> None: ...
+
+    def close(self) -> None: ...
+
+    async def wait_closed(self) -> None: ...

@@ -29,23 +29,29 @@ import re
 import shutil
 import ssl
 import tempfile
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-from m2mwire.errors import TransportError
+from m2mwire.errors import ConfigError, TransportError
 
 __all__ = [
     "SelfSignedCert",
     "certificate_fingerprint",
+    "check_client_trust",
+    "client_context",
     "client_ssl_context",
     "generate_self_signed",
+    "load_server_certificate",
     "normalize_fingerprint",
     "persistent_self_signed",
+    "server_certificate_files",
+    "server_context",
     "server_ssl_context",
     "verify_fingerprint",
     "warn_insecure",
@@ -309,3 +315,106 @@ def warn_insecure(target: str) -> None:
         "can impersonate the server. Pin the server's fingerprint= or pass cafile= instead.",
         target,
     )
+
+
+# -- from connect()/serve() options (checked by m2mwire.options) to what a transport loads --------
+
+
+def check_client_trust(transport: Mapping[str, Any]) -> None:
+    """connect()'s TLS options: contradictory verification options, a malformed fingerprint, a
+    missing or unreadable cafile raise ConfigError naming the option."""
+    try:
+        check_trust_options(
+            cafile=transport.get("cafile"),
+            cadata=transport.get("cadata"),
+            fingerprint=transport.get("fingerprint"),
+            insecure=bool(transport.get("insecure", False)),
+        )
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    cafile, cadata = transport.get("cafile"), transport.get("cadata")
+    if cafile is None and cadata is None:
+        return
+    if cafile is not None and not os.path.isfile(cafile):
+        raise ConfigError(
+            f"cafile={os.fspath(cafile)!r}: no such file. Pass the PEM file of the CA that signed the "
+            "server's certificate (or the server's own certificate), or pin fingerprint= instead"
+        )
+    try:  # the same loader the transports use, so what passes here loads there too
+        ssl.create_default_context(
+            cafile=cafile, cadata=cadata.decode("ascii") if isinstance(cadata, bytes) else cadata
+        )
+    except (ssl.SSLError, OSError, ValueError, UnicodeDecodeError) as exc:
+        what = f"cafile={os.fspath(cafile)!r}" if cafile is not None else "cadata="
+        raise ConfigError(f"{what} holds no usable PEM certificate: {exc}") from None
+
+
+def load_server_certificate(certfile: Any, keyfile: Any) -> ssl.SSLContext:
+    """A server TLS context from ``certfile``/``keyfile``; ConfigError when they do not load.
+
+    Checked when serve() is called: QUIC (aioquic) would otherwise accept a certificate without its
+    key at start and fail every client's handshake.
+    """
+    if certfile is None:
+        raise ConfigError("keyfile= needs certfile= (the certificate chain, PEM)")
+    for name, path in (("certfile", certfile), ("keyfile", keyfile)):
+        if path is not None and not os.path.isfile(path):
+            raise ConfigError(f"{name}={os.fspath(path)!r}: no such file")
+    try:
+        return server_ssl_context(certfile, keyfile)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        hint = (
+            "; pass keyfile= with the private key (PEM) unless certfile holds both" if keyfile is None else ""
+        )
+        raise ConfigError(
+            f"cannot load the server certificate certfile={os.fspath(certfile)!r}"
+            + (f" keyfile={os.fspath(keyfile)!r}" if keyfile is not None else "")
+            + f": {exc}{hint}"
+        ) from None
+
+
+def client_context(options: Mapping[str, Any], target: str) -> ssl.SSLContext:
+    """The client TLS context connect()'s options ask for: ``ssl=`` as given, else one built from
+    cafile/cadata/fingerprint/insecure (see :func:`client_ssl_context`)."""
+    given = options.get("ssl")
+    if given is not None:
+        return given  # type: ignore[no-any-return]  # checked to be an SSLContext by split_options
+    return client_ssl_context(
+        cafile=options.get("cafile"),
+        cadata=options.get("cadata"),
+        fingerprint=options.get("fingerprint"),
+        insecure=bool(options.get("insecure", False)),
+        target=target,
+    )
+
+
+def server_certificate_files(options: Mapping[str, Any]) -> tuple[str | None, str | None, str | None]:
+    """``(certfile, keyfile, fingerprint)`` serve()'s options name: certfile/keyfile as given (no
+    fingerprint: the user's own certificate), the one kept in cert_dir, or all None (the transport
+    then generates a certificate of its own)."""
+    certfile = options.get("certfile")
+    if certfile is not None:
+        return os.fspath(certfile), options.get("keyfile"), None
+    if options.get("cert_dir") is not None:
+        return persistent_self_signed(options["cert_dir"])
+    return None, None, None
+
+
+def server_context(options: Mapping[str, Any], target: str) -> tuple[ssl.SSLContext, str | None]:
+    """The server TLS context serve()'s options ask for, and the fingerprint of a certificate we
+    generated (None for the user's own): ``ssl=``, certfile/keyfile, cert_dir, or a fresh
+    self-signed certificate (its fingerprint logged as a WARNING naming ``target``)."""
+    given = options.get("ssl")
+    if given is not None:
+        return given, None
+    certfile, keyfile, fingerprint = server_certificate_files(options)
+    if certfile is not None:
+        if fingerprint is None:
+            return load_server_certificate(certfile, keyfile), None
+        return server_ssl_context(certfile, keyfile), fingerprint
+    cert = generate_self_signed()
+    certfile, keyfile = cert.write_temp_files()
+    logger.warning(
+        "%s uses a generated self-signed certificate, SHA-256 fingerprint %s", target, cert.fingerprint
+    )
+    return server_ssl_context(certfile, keyfile), cert.fingerprint
