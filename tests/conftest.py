@@ -29,3 +29,15 @@ def nats_server() -> Iterator[LocalNatsServer]:
     tests use distinct service subjects, so they never see each other's workers."""
     with LocalNatsServer(max_payload=1024 * 1024) as server:
         yield server
+
+
+@pytest.fixture
+def memory_scheme() -> Iterator[str]:
+    """The in-memory transport, registered under a test-only scheme for the test's duration."""
+    from m2mwire.transport import memory, registry
+
+    registry.register("memtest", memory.REGISTRATION)
+    try:
+        yield "memtest"
+    finally:
+        registry.unregister("memtest")

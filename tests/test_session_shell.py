@@ -1,0 +1,231 @@
+"""The Session shell (m2mwire/shell/session.py) over the in-memory channel pair: no sockets, so
+backpressure, cancellation and closing are observed exactly (what is buffered where, who waits).
+
+Sessions run through the public serve()/connect() with the in-memory transport registered under a
+test-only scheme (the ``memory_scheme`` fixture); each server's in-memory buffer per direction is
+set small, so a few messages fill it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any
+
+import pytest
+
+from m2mwire.api import Server, Session, connect, serve
+from m2mwire.errors import SessionClosed, SessionTimeout, TransportError
+from m2mwire.transport.memory import MemoryChannel, MemoryListener
+
+pytestmark = pytest.mark.timeout(20)  # a broken shell shows as a wait that never ends
+
+_BUFFER = 4096  # bytes per direction in the in-memory connection
+_PAYLOAD = "x" * 1000
+
+
+@asynccontextmanager
+async def running(
+    scheme: str, handler: Callable[[Session], Awaitable[None]], **options: Any
+) -> AsyncIterator[Server]:
+    # No compression: a message then takes on the wire what its text takes, and the buffer
+    # bounds below can be stated in messages.
+    async with serve(handler, f"{scheme}://shell", algorithms=["none"], **options) as server:
+        listener = server._impl
+        assert isinstance(listener, MemoryListener)
+        listener.buffer_bytes = _BUFFER
+        yield server
+
+
+async def settle(turns: int = 50) -> None:
+    """Let every callback and task that can run, run (bounded: a fixed number of loop turns)."""
+    for _ in range(turns):
+        await asyncio.sleep(0)
+
+
+def channel_of(session: Session) -> MemoryChannel:
+    channel = session._channel
+    assert isinstance(channel, MemoryChannel)
+    return channel
+
+
+async def test_messages_keep_their_order_both_ways(memory_scheme: str) -> None:
+    async def echo(session: Session) -> None:
+        async for message in session:
+            await session.send(message.json() if message.kind == "json" else message.text or "")
+
+    sent: list[Any] = [{"i": i} if i % 3 == 0 else f"m{i} {_PAYLOAD}" for i in range(200)]
+    async with running(memory_scheme, echo) as server, connect(server.url) as client:
+        writer = asyncio.create_task(_send_all(client, sent))
+        got = [await asyncio.wait_for(client.recv(), 5) for _ in sent]
+        await writer
+    assert [m.json() if m.kind == "json" else m.text for m in got] == sent
+
+
+async def _send_all(session: Session, items: list[Any]) -> None:
+    for item in items:
+        await session.send(item)
+
+
+async def test_a_full_inbox_pauses_reading_and_the_peer_waits(memory_scheme: str) -> None:
+    produced: list[int] = []
+
+    async def producer(session: Session) -> None:
+        for i in range(60):
+            await session.send(f"{i} {_PAYLOAD}")
+            produced.append(i)
+        async for _ in session:  # until the client closes
+            pass
+
+    async with running(memory_scheme, producer) as server, connect(server.url, max_queue=4) as client:
+        channel = channel_of(client)
+        await settle()
+        # The client's inbox is full: it stopped reading, its in-memory buffer filled, and the
+        # server's send() waits: nothing is held beyond the two bounds.
+        assert channel.reading_paused
+        assert len(client._inbox) == 4
+        assert channel.buffered_bytes <= _BUFFER + len(_PAYLOAD) + 8
+        assert 4 <= len(produced) < 15
+        got = [(await asyncio.wait_for(client.recv(), 5)).text for _ in range(60)]
+        assert got == [f"{i} {_PAYLOAD}" for i in range(60)]
+        assert produced == list(range(60))
+        assert not channel.reading_paused
+
+
+async def test_max_queue_bytes_bounds_the_inbox_in_bytes(memory_scheme: str) -> None:
+    big = "y" * 2000
+
+    async def producer(session: Session) -> None:
+        for i in range(40):
+            await session.send(f"{i:02d}{big}")
+        async for _ in session:  # until the client closes
+            pass
+
+    options: dict[str, Any] = {"max_queue": 1000, "max_queue_bytes": 8192}
+    async with running(memory_scheme, producer) as server, connect(server.url, **options) as client:
+        await settle()
+        assert channel_of(client).reading_paused
+        # Paused once the inbox held 8 KiB: at most one message beyond it.
+        assert 8192 <= client._inbox_bytes < 8192 + 2 * 2100
+        assert len(client._inbox) < 8
+        got = [(await asyncio.wait_for(client.recv(), 5)).text for _ in range(40)]
+        assert got == [f"{i:02d}{big}" for i in range(40)]
+
+
+async def test_a_cancelled_send_still_delivers_its_message_whole_and_once(memory_scheme: str) -> None:
+    start_reading = asyncio.Event()
+    received: list[str] = []
+
+    async def slow_reader(session: Session) -> None:
+        await start_reading.wait()
+        async for message in session:
+            received.append(message.text or "")
+            if message.text == "after":
+                return
+
+    async with running(memory_scheme, slow_reader, max_queue=1) as server, connect(server.url) as client:
+        sent: list[str] = []
+        for i in range(100):  # until a send has to wait: the server reads nothing yet
+            message = f"{i} {_PAYLOAD}"
+            task = asyncio.create_task(client.send(message))
+            sent.append(message)
+            await settle(5)
+            if not task.done():
+                break
+        assert not task.done(), "the in-memory buffers never filled"
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        start_reading.set()
+        await asyncio.wait_for(client.send("after"), 5)
+        for _ in range(200):
+            if received[-1:] == ["after"]:
+                break
+            await asyncio.sleep(0.01)
+    assert received == [*sent, "after"]
+
+
+async def test_close_handshake_codes(memory_scheme: str) -> None:
+    server_side: asyncio.Future[Session] = asyncio.get_running_loop().create_future()
+
+    async def until_closed(session: Session) -> None:
+        server_side.set_result(session)
+        async for _ in session:
+            pass
+
+    async with running(memory_scheme, until_closed) as server:
+        client = await connect(server.url)
+        channel = channel_of(client)
+        peer = await server_side
+        await client.close("done")
+        assert client.close_event is not None and client.close_event.code == "NORMAL"
+        assert not client.close_event.by_peer
+        await asyncio.wait_for(peer.wait_closed(), 5)
+        assert peer.close_event is not None and peer.close_event.by_peer
+        assert peer.close_event.reason == "done"
+        # The session's CLOSE exchange ended with the transport's orderly close, code 1000.
+        assert channel.lost is not None and channel.lost.clean and channel.lost.code == 1000
+
+
+async def test_a_failing_handler_closes_with_internal_error(memory_scheme: str) -> None:
+    async def broken(session: Session) -> None:
+        await session.recv()
+        raise RuntimeError("bug")
+
+    async with running(memory_scheme, broken) as server, connect(server.url) as client:
+        await client.send("trigger")
+        with pytest.raises(SessionClosed) as caught:
+            await asyncio.wait_for(client.recv(), 5)
+        assert caught.value.code == "INTERNAL_ERROR"
+        assert client.close_event is not None and client.close_event.by_peer
+        # Both ends acknowledged the CLOSE exchange and closed the transport in order (whichever
+        # close came first: the client's 1000 with the server's reason, or the server's 1011).
+        await settle()
+        lost = channel_of(client).lost
+        assert (
+            lost is not None
+            and lost.clean
+            and (lost.code, lost.reason)
+            in (
+                (1000, "INTERNAL_ERROR"),
+                (1011, "INTERNAL_ERROR"),
+            )
+        )
+
+
+async def test_an_aborted_connection_raises_transport_error(memory_scheme: str) -> None:
+    server_side: asyncio.Future[Session] = asyncio.get_running_loop().create_future()
+
+    async def hold(session: Session) -> None:
+        server_side.set_result(session)
+        await session.wait_closed()
+
+    async with running(memory_scheme, hold) as server, connect(server.url) as client:
+        peer = await server_side
+        channel_of(peer).abort()
+        with pytest.raises(TransportError):
+            await asyncio.wait_for(client.recv(), 5)
+        with pytest.raises(TransportError):
+            await client.send("too late")
+        assert client.close_event is not None and client.close_event.error is not None
+
+
+async def test_a_peer_that_reads_nothing_is_dropped_after_write_timeout(memory_scheme: str) -> None:
+    async def never_reads(session: Session) -> None:
+        await session.wait_closed()
+
+    loop = asyncio.get_running_loop()
+    async with running(memory_scheme, never_reads, max_queue=1) as server:
+        client = await connect(server.url, timers={"write_timeout": 0.2})
+        started = loop.time()
+        with pytest.raises(SessionTimeout, match="write_timeout"):
+            for i in range(1000):
+                await asyncio.wait_for(client.send(f"{i} {_PAYLOAD}"), 5)
+        waited = loop.time() - started
+        assert client.close_event is not None and client.close_event.code == "WRITE_TIMEOUT"
+        assert 0.2 <= waited < 2.0
+        # The connection was dropped, not closed in order: nothing more could be written.
+        lost = channel_of(client).lost
+        assert lost is not None and not lost.clean
+        await client.close()
