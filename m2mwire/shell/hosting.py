@@ -10,17 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
-from m2mwire.errors import M2MError
-
 if TYPE_CHECKING:
     from m2mwire.session.core import Closed, SessionInfo, Stats
     from m2mwire.shell.session import Session
 
-__all__ = ["HandedOver", "HostedSession"]
-
-
-class HandedOver(M2MError):
-    """Server: this connection's resuming HELLO moved it to the session it resumes."""
+__all__ = ["HostedSession"]
 
 
 class HostedSession(Protocol):
@@ -53,11 +47,12 @@ class HostedSession(Protocol):
         ...
 
     async def handshake(self) -> SessionInfo:
-        """Run the handshake. Raises SessionRejected, another M2MError, or :class:`HandedOver`."""
+        """Run the handshake. Raises SessionRejected, another M2MError, or ``HandedOver`` (the
+        connection resumed another session: see :meth:`wait_channel_released`)."""
         ...
 
     async def wait_channel_released(self) -> None:
-        """After :class:`HandedOver`: until the resumed session stops using this connection."""
+        """After ``HandedOver``: until the resumed session stops using this connection."""
         ...
 
     async def close(self, reason: str, code: str = "NORMAL", *, wait_resume: bool = True) -> None:
@@ -74,6 +69,6 @@ class HostedSession(Protocol):
 
     def resume_token_matches(self, token: str) -> bool: ...
 
-    def take_over(self, fresh: HostedSession, peer_received: int) -> None:
+    def take_over(self, fresh: Session, peer_received: int) -> None:
         """Continue this session on ``fresh``'s connection (its HELLO resumed this session)."""
         ...

@@ -20,9 +20,9 @@ from m2mwire.lifecycle import Listening
 from m2mwire.options import ServeOptions, parse_url, split_options
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT
 from m2mwire.session.core import ResumeRequested, Role, SessionProtocol, Stats
-from m2mwire.shell.hosting import HandedOver, HostedSession
+from m2mwire.shell.hosting import HostedSession
 from m2mwire.shell.serverstats import ServerStats, add_stats
-from m2mwire.shell.session import ServerSide, Session
+from m2mwire.shell.session import HandedOver, ServerSide, Session
 from m2mwire.shell.warmup import warm_tokenizers
 from m2mwire.transport import registry
 from m2mwire.transport.base import Channel, Listener, TransportConfig
@@ -170,7 +170,7 @@ class Server(Listening):
         if not target.resume_token_matches(request.token):
             fresh.refuse_resume("RESUME_REFUSED", "wrong resume token for this session")
             return
-        target.take_over(fresh, request.received)
+        target.take_over(fresh.session, request.received)
 
     async def start(self) -> Server:
         # Until a session is established only control messages arrive (see transport_limit).

@@ -55,7 +55,6 @@ from m2mwire.session.core import (
     queued_cost,
 )
 from m2mwire.shell.continuation import continue_in_task
-from m2mwire.shell.hosting import HandedOver, HostedSession
 from m2mwire.shell.sessionlog import log, log_closed, log_opened
 from m2mwire.transport.base import Buffer, Channel, DirectSendChannel, PushChannel
 
@@ -64,12 +63,16 @@ if TYPE_CHECKING:
 
     from m2mwire.codecs.avp import AVPMessage, AVPMetadata
 
-__all__ = ["ServerSide", "Session"]
+__all__ = ["HandedOver", "ServerSide", "Session"]
 
 _CLOSED = State.CLOSED  # Enum member reads cost ~0.12 us on Python 3.11; _feed runs per message
 _CLOSE_RECEIVED = State.CLOSE_RECEIVED
 _ALGORITHMS: dict[str, Algorithm] = {a.value: a for a in Algorithm}
 _MAX_OUTPUT_BACKLOG = 64  # queued control messages (PONGs, ...) before we stop reading the peer
+
+
+class HandedOver(M2MError):
+    """Server: this connection's resuming HELLO moved it to the session it resumes."""
 
 
 def _ignore(_arg: object) -> None:
@@ -1069,7 +1072,7 @@ def _ignore_loss(_error: TransportError) -> None:
 
 
 class ServerSide:
-    """A server's handle on one session it hosts: :class:`~m2mwire.shell.hosting.HostedSession`.
+    """A server's handle on one session it hosts (m2mwire.shell.hosting.HostedSession).
 
     Lives next to :class:`Session` because it drives the session's private machinery (handshake,
     hand-over on resume, shutdown); the server sees only this small interface.
@@ -1082,7 +1085,7 @@ class ServerSide:
         channel: Channel,
         protocol: SessionProtocol,
         admission: Admission,
-        resumer: Callable[[HostedSession, ResumeRequested], None],
+        resumer: Callable[[ServerSide, ResumeRequested], None],
     ) -> None:
         session = Session(channel, protocol)
         session._admission = admission
@@ -1145,6 +1148,6 @@ class ServerSide:
     def resume_token_matches(self, token: str) -> bool:
         return self._session._protocol.resume_token_matches(token)
 
-    def take_over(self, fresh: HostedSession, peer_received: int) -> None:
-        channel = fresh.session._hand_over(self._session)
+    def take_over(self, fresh: Session, peer_received: int) -> None:
+        channel = fresh._hand_over(self._session)
         self._session._take_over(channel, peer_received)
