@@ -141,3 +141,37 @@ async def test_requests_and_streams_travel_in_the_context(scheme: str) -> None:
             parts = [part.value async for part in session.stream({"stream": True}, timeout=10)]
             assert parts == [{"part": 0}, {"part": 1}, {"part": 2}]
             assert session.stats.by_algorithm == {"zstd/binary": 4}
+
+
+async def test_shared_history_over_a_real_connection(scheme: str) -> None:
+    """The multi-turn chat both ways: the server answers each request with the next assistant
+    reply, which the client's next request quotes; with shared history (the default) it costs
+    well under the per-direction contexts, on both ends' counters."""
+    steps = workload("multi_turn")
+    replies = iter([content for sender, content in steps if sender == "server"])
+
+    async def chat(session: Session) -> None:
+        async for _ in session:
+            await session.send(next(replies))
+
+    async def run(history: bool) -> tuple[int, int]:
+        async with running(chat, scheme, algorithms=ALGS) as server:
+            opts = {"algorithms": ALGS, "zstd": {"history": history}, **client_opts(server)}
+            async with connect(server.url, **opts) as session:
+                assert session.info.zstd_history is history
+                for sender, content in steps:
+                    if sender == "client":
+                        await session.send(content)
+                    else:
+                        reply = await session.recv()
+                        assert reply.value == content and reply.algorithm == "zstd" and reply.binary
+                stats = session.stats
+        return (
+            stats.original_bytes_sent + stats.original_bytes_received,
+            stats.wire_bytes_sent + stats.wire_bytes_received,
+        )
+
+    original, shared = await run(True)
+    replies = iter([content for sender, content in steps if sender == "server"])
+    _, per_direction = await run(False)
+    assert shared < 0.8 * per_direction and shared < 0.08 * original

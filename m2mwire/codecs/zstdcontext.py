@@ -22,6 +22,7 @@ blocks (4 input bytes -> one 128 KiB block) cannot produce more than the remaini
 
 from __future__ import annotations
 
+import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ __all__ = [
     "MAX_WINDOW",
     "MIN_WINDOW",
     "OUTPUT_SLACK",
+    "ZSTD_HISTORY_KIND",
     "ZSTD_KIND",
     "ZSTD_PREFIX",
     "ContextCompressor",
@@ -55,7 +57,9 @@ __all__ = [
 #: First byte of a binary zstd-context message. TokenNative binary uses 0x00-0x02 (room left for
 #: more tokenizers below 0x20), AVP frames start with 0x41 0x56 ("AV"); "Z" collides with neither.
 ZSTD_KIND: Final = 0x5A
-ZSTD_KIND_BYTE: Final = b"\x5a"
+#: First byte of a binary message with shared history (codecs/zstdhistory.py: a header precedes
+#: the CRC-32); only on sessions that negotiated it. "H" collides with nothing above either.
+ZSTD_HISTORY_KIND: Final = 0x48
 #: Text form prefix; "#ZS|" matches the decoders' unknown-tag rule, so a peer without zstd refuses it.
 ZSTD_PREFIX: Final = "#ZS|"
 
@@ -92,7 +96,8 @@ def payload_bound(size: int) -> int:
     """Largest payload (checksum + zstd bytes) a message of ``size`` bytes can compress to.
 
     zstd falls back to raw blocks for incompressible input (3-byte header per 128 KiB), plus at most
-    18 bytes of frame header once; ``size >> 7`` and the constant cover both with room to spare.
+    18 bytes of frame header once; ``size >> 7`` and the constant cover both with room to spare
+    (and shared history's header of at most 5 bytes, codecs/zstdhistory.py).
     """
     return size + (size >> 7) + 64 + _CRC_SIZE
 
@@ -138,10 +143,46 @@ def train_dictionary(samples: Sequence[bytes], size: int = 64 * 1024) -> ZstdDic
     return ZstdDictionary(trained.as_bytes())
 
 
+@functools.cache
+def _parameters(level: int, window: int) -> zstandard.ZstdCompressionParameters:
+    """The compression parameters of every frame (made once: a frame starts often with shared history)."""
+    import zstandard
+
+    level_defaults = zstandard.ZstdCompressionParameters.from_level(level)
+    return zstandard.ZstdCompressionParameters.from_level(
+        level,
+        window_log=window.bit_length() - 1,
+        # Match-finder tables are zeroed when a context starts, so they are resident in every
+        # session; capped at 128 KiB + 64 KiB, level 3 loses < 0.5 % of wire size on the
+        # workloads of benchmarks/bench_context.py and each session saves ~580 KiB.
+        hash_log=min(level_defaults.hash_log, _MAX_HASH_LOG),
+        chain_log=min(level_defaults.chain_log, _MAX_CHAIN_LOG),
+        write_checksum=0,  # per-message CRC-32 instead; the frame never ends
+        write_content_size=0,
+        write_dict_id=0,  # the dictionary was agreed in HELLO/ACCEPT
+    )
+
+
+def _frame_dict(
+    primer: bytes | None, dictionary: ZstdDictionary | None
+) -> zstandard.ZstdCompressionDict | None:
+    """What primes a context's next frame: the history given to restart() as raw content, else
+    the shared dictionary (the first frame after a reset), else nothing."""
+    import zstandard
+
+    if primer is not None:
+        return (
+            zstandard.ZstdCompressionDict(primer, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
+            if primer
+            else None
+        )
+    return dictionary.compiled if dictionary is not None else None
+
+
 class ContextCompressor:
     """The sending half of one direction. Created cheaply; zstd memory is taken on first use."""
 
-    __slots__ = ("_cctx", "_cobj", "_dictionary", "_level", "_window", "messages")
+    __slots__ = ("_cctx", "_cobj", "_dictionary", "_level", "_primer", "_window", "messages")
 
     def __init__(
         self,
@@ -161,26 +202,16 @@ class ContextCompressor:
         self._dictionary = dictionary
         self._cctx: zstandard.ZstdCompressor | None = None
         self._cobj: zstandard.ZstdCompressionObj | None = None
+        self._primer: bytes | None = None  # raw-content history of the next frame (see restart)
         self.messages = 0  # compressed since the last reset
 
     def _start(self) -> zstandard.ZstdCompressionObj:
         import zstandard
 
-        level_defaults = zstandard.ZstdCompressionParameters.from_level(self._level)
-        params = zstandard.ZstdCompressionParameters.from_level(
-            self._level,
-            window_log=self._window.bit_length() - 1,
-            # Match-finder tables are zeroed when a context starts, so they are resident in every
-            # session; capped at 128 KiB + 64 KiB, level 3 loses < 0.5 % of wire size on the
-            # workloads of benchmarks/bench_context.py and each session saves ~580 KiB.
-            hash_log=min(level_defaults.hash_log, _MAX_HASH_LOG),
-            chain_log=min(level_defaults.chain_log, _MAX_CHAIN_LOG),
-            write_checksum=0,  # per-message CRC-32 instead; the frame never ends
-            write_content_size=0,
-            write_dict_id=0,  # the dictionary was agreed in HELLO/ACCEPT
+        self._cctx = zstandard.ZstdCompressor(
+            compression_params=_parameters(self._level, self._window),
+            dict_data=_frame_dict(self._primer, self._dictionary),
         )
-        dict_data = self._dictionary.compiled if self._dictionary is not None else None
-        self._cctx = zstandard.ZstdCompressor(compression_params=params, dict_data=dict_data)
         self._cobj = self._cctx.compressobj()
         return self._cobj
 
@@ -198,9 +229,17 @@ class ContextCompressor:
         self.messages += 1
         return b"".join((prefix, crc32(data).to_bytes(_CRC_SIZE, "big"), head, tail))
 
+    def restart(self, history: bytes) -> None:
+        """End the frame: the next payload starts a new one primed with ``history`` as raw content
+        (``DICT_TYPE_RAWCONTENT``; the shared dictionary is not used in it). The decompressor is
+        restarted with the same bytes (codecs/zstdhistory.py)."""
+        self._cctx = self._cobj = None
+        self._primer = history
+
     def reset(self) -> None:
         """Forget the history: the next payload starts a new frame (resume does this)."""
         self._cctx = self._cobj = None
+        self._primer = None
         self.messages = 0
 
     def memory_size(self) -> int:
@@ -211,21 +250,23 @@ class ContextCompressor:
 class ContextDecompressor:
     """The receiving half of one direction: payloads must be fed in the order they were made."""
 
-    __slots__ = ("_dctx", "_dictionary", "_dobj", "_window", "messages")
+    __slots__ = ("_dctx", "_dictionary", "_dobj", "_primer", "_window", "messages")
 
     def __init__(self, window: int = DEFAULT_WINDOW, *, dictionary: ZstdDictionary | None = None) -> None:
         self._window = window
         self._dictionary = dictionary
         self._dctx: zstandard.ZstdDecompressor | None = None
         self._dobj: zstandard.ZstdDecompressionObj | None = None
+        self._primer: bytes | None = None  # raw-content history of the next frame (see restart)
         self.messages = 0  # decompressed since the last reset
 
     def _start(self) -> zstandard.ZstdDecompressionObj:
         import zstandard
 
-        dict_data = self._dictionary.compiled if self._dictionary is not None else None
         # max_window_size: a frame header asking for a larger window (more memory) is refused.
-        self._dctx = zstandard.ZstdDecompressor(dict_data=dict_data, max_window_size=self._window)
+        self._dctx = zstandard.ZstdDecompressor(
+            dict_data=_frame_dict(self._primer, self._dictionary), max_window_size=self._window
+        )
         self._dobj = self._dctx.decompressobj(write_size=_OUTPUT_CHUNK)
         return self._dobj
 
@@ -287,9 +328,15 @@ class ContextDecompressor:
                 parts.append(out)
         return b"".join(parts)
 
+    def restart(self, history: bytes) -> None:
+        """The next payload must start a new frame primed with ``history`` (see ContextCompressor.restart)."""
+        self._dctx = self._dobj = None
+        self._primer = history
+
     def reset(self) -> None:
         """Forget the history: the next payload must start a new frame (resume does this)."""
         self._dctx = self._dobj = None
+        self._primer = None
         self.messages = 0
 
     def memory_size(self) -> int:

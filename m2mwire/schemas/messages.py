@@ -69,6 +69,9 @@ class ZstdCaps(msgspec.Struct, kw_only=True):
     window: int = 0  # bytes, a power of two; 0 or absent = the default (1 MiB)
     binary: bool = True  # this peer accepts the binary form (0x5A); False asks for "#ZS|" text
     dictionaries: list[str] = msgspec.field(default_factory=list)  # SHA-256 (hex) of each dictionary
+    # Shared history (0x48 messages, docs/CODECS.md section 8): HELLO offers it, ACCEPT says it is
+    # used. Absent (an older peer) = False: that session keeps one context per direction (0x5A).
+    history: bool = False
 
 
 class CompressionCaps(msgspec.Struct, kw_only=True):

@@ -59,12 +59,15 @@ class ZstdOptions:
     zstd level (1-19; the receiver does not care). ``dictionaries`` are shared dictionaries
     (:class:`ZstdDictionary` or bytes) offered to prime the contexts; the first one both sides have
     is used. ``binary=False`` asks the peer for the ``#ZS|`` text form (for text-only channels).
+    ``history`` offers shared history: a message may be compressed against what both directions
+    said (a reply quoted in the next request costs little); used when both peers offer it.
     """
 
     window: int = DEFAULT_WINDOW
     level: int = DEFAULT_LEVEL
     dictionaries: tuple[ZstdDictionary, ...] = ()
     binary: bool = True
+    history: bool = True
 
     def __post_init__(self) -> None:
         if not MIN_WINDOW <= self.window <= MAX_WINDOW or self.window & (self.window - 1):

@@ -158,6 +158,7 @@ class SessionInfo:
     peer_version: str
     zstd_window: int = 0  # the agreed zstd window in bytes; 0 when zstd was not negotiated
     zstd_dictionary: str = ""  # SHA-256 (hex) of the shared zstd dictionary in use, if any
+    zstd_history: bool = False  # zstd shares history across directions (binary kind 0x48)
 
 
 @dataclass(slots=True)
@@ -1223,7 +1224,8 @@ class SessionProtocol:
         if Algorithm.ZSTD not in cfg.algorithms:
             return None
         z = cfg.zstd
-        return ZstdCaps(window=z.window, binary=z.binary, dictionaries=[d.id for d in z.dictionaries])
+        dictionaries = [d.id for d in z.dictionaries]
+        return ZstdCaps(window=z.window, binary=z.binary, dictionaries=dictionaries, history=z.history)
 
     def _establish(self, result: Negotiated, peer: Capabilities, now: float) -> None:
         assert self._session_id is not None
@@ -1244,6 +1246,7 @@ class SessionProtocol:
             peer_version=peer.version,
             zstd_window=result.zstd.window if result.zstd is not None else 0,
             zstd_dictionary=(result.zstd.dictionary or "") if result.zstd is not None else "",
+            zstd_history=result.zstd is not None and result.zstd.history,
         )
         self._payload_limit = result.max_payload or self.config.limits.max_message_bytes
         if self._payload_limit < self._limits.max_output_bytes:
@@ -1256,6 +1259,7 @@ class SessionProtocol:
                 level=options.level,
                 dictionary=options.dictionary(result.zstd.dictionary) if result.zstd.dictionary else None,
                 peer_binary=result.zstd.peer_binary,
+                history=result.zstd.history,
             )
         self._events.append(Established(self.info))
 

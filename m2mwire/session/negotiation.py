@@ -46,6 +46,7 @@ class ZstdAgreement:
     window: int  # bytes: the smaller of both offers
     dictionary: str | None  # SHA-256 (hex) of the shared dictionary, or None
     peer_binary: bool  # the peer accepts the binary form
+    history: bool = False  # shared history across directions (both offered it)
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +159,9 @@ def _agree_zstd(ours: ZstdCaps | None, theirs: ZstdCaps) -> ZstdAgreement:
     # Server: the first of the client's dictionaries it has too (the client's order of preference).
     # Client: the one the ACCEPT names, if the client offered it.
     dictionary = next((d for d in theirs.dictionaries if d in own.dictionaries), None)
-    return ZstdAgreement(window=window, dictionary=dictionary, peer_binary=theirs.binary)
+    # Server: both offered it. Client: the ACCEPT says it is used, and we offered it.
+    history = own.history and theirs.history
+    return ZstdAgreement(window=window, dictionary=dictionary, peer_binary=theirs.binary, history=history)
 
 
 def negotiate_server(
@@ -209,6 +212,7 @@ def accept_capabilities(server_caps: Capabilities, result: Negotiated) -> Capabi
             window=result.zstd.window,
             binary=_their_zstd(server_caps.compression).binary,
             dictionaries=[result.zstd.dictionary] if result.zstd.dictionary else [],
+            history=result.zstd.history,
         )
     return Capabilities(
         version=PROTOCOL_VERSION,

@@ -40,7 +40,7 @@ from m2mwire.codecs.select import NONE_BELOW, Optimize
 from m2mwire.codecs.utf8 import utf8_len
 from m2mwire.codecs.varint import b64encode
 from m2mwire.codecs.wire import encode_with
-from m2mwire.codecs.zstdcontext import ZSTD_KIND, ZSTD_PREFIX, payload_bound
+from m2mwire.codecs.zstdcontext import ZSTD_PREFIX, payload_bound
 from m2mwire.errors import DecodeError, EncodeError, LimitExceeded
 from m2mwire.schemas.codes import SessionCode, Violation
 from m2mwire.schemas.messages import DataPayload, encode_data
@@ -226,7 +226,7 @@ def decode_binary(
     if first == _M2M_FIRST:
         text = decode_m2m_binary(view, limits=limits)
         return _binary_text(text, "m2m", size)
-    if first == ZSTD_KIND and zstd is not None:
+    if zstd is not None and first == zstd.kind:  # 0x5A, or 0x48 with shared history
         frame_session, payload, kind, text = zstd.decode_binary(view, payload_limit)
         if frame_session != session_id:
             return Violation(
@@ -243,7 +243,7 @@ def decode_binary(
     return Violation(
         SessionCode.MALFORMED_MESSAGE,
         f"binary frame starts with byte 0x{first:02x}: expected 0x00-0x02 (TokenNative), "
-        "'#' (M2M v1), 'A' (AVP) or, when zstd was negotiated, 'Z' (zstd context)",
+        "'#' (M2M v1), 'A' (AVP) or, when zstd was negotiated, 'Z' or 'H' (zstd context)",
     )
 
 

@@ -17,13 +17,15 @@ from typing import Literal
 
 from m2mwire.codecs.varint import b64decode, b64encode
 from m2mwire.codecs.zstdcontext import (
-    ZSTD_KIND_BYTE,
+    ZSTD_HISTORY_KIND,
+    ZSTD_KIND,
     ZSTD_PREFIX,
     ContextCompressor,
     ContextDecompressor,
     ZstdDictionary,
     payload_bound,
 )
+from m2mwire.codecs.zstdhistory import MAX_HEADER, HistoryContext
 from m2mwire.errors import DecodeError
 from m2mwire.schemas.messages import DataPayload, decode_data_bytes, encode_data, encode_data_bytes
 
@@ -33,8 +35,9 @@ _PREFIX_LEN = len(ZSTD_PREFIX)
 
 
 def text_form_bound(size: int) -> int:
-    """Largest ``#ZS|`` wire string for content of ``size`` UTF-8 bytes."""
-    return _PREFIX_LEN + (payload_bound(size) + 2) // 3 * 4
+    """Largest ``#ZS|`` wire string for content of ``size`` UTF-8 bytes (with shared history, the
+    payload has a header of up to MAX_HEADER bytes: counted always, the bound stays one rule)."""
+    return _PREFIX_LEN + (MAX_HEADER + payload_bound(size) + 2) // 3 * 4
 
 
 ContentType = Literal["text", "json"]
@@ -87,11 +90,15 @@ class ZstdSessionState:
     """Both directions' zstd contexts of one session."""
 
     __slots__ = (
+        "_compress",
+        "_contexts",
+        "_decompress",
         "_envelopes",
+        "_kind_byte",
         "_known",
-        "_receiver",
-        "_sender",
         "_session_id",
+        "history",
+        "kind",
         "peer_binary",
         "received_size",
     )
@@ -104,9 +111,23 @@ class ZstdSessionState:
         level: int,
         dictionary: ZstdDictionary | None,
         peer_binary: bool,
+        history: bool = False,
     ) -> None:
-        self._sender = ContextCompressor(window, level=level, dictionary=dictionary)
-        self._receiver = ContextDecompressor(window, dictionary=dictionary)
+        # Shared history (negotiated, docs/CODECS.md section 8) changes the payload (a header in
+        # front of the CRC-32) and the binary kind byte; otherwise one context per direction.
+        self._contexts: HistoryContext | tuple[ContextCompressor, ContextDecompressor]
+        if history:
+            shared = HistoryContext(window, level=level, dictionary=dictionary)
+            self._contexts = shared
+            self._compress, self._decompress = shared.compress, shared.decompress
+        else:
+            sender = ContextCompressor(window, level=level, dictionary=dictionary)
+            receiver = ContextDecompressor(window, dictionary=dictionary)
+            self._contexts = (sender, receiver)
+            self._compress, self._decompress = sender.compress, receiver.decompress
+        self.history = history
+        self.kind = ZSTD_HISTORY_KIND if history else ZSTD_KIND  # the first byte of binary messages
+        self._kind_byte = bytes((self.kind,))
         self.peer_binary = peer_binary  # the peer reads the binary form (else send "#ZS|" text)
         self._session_id = session_id
         # Without a timestamp the envelope of a session is one of two byte strings: made once,
@@ -128,8 +149,8 @@ class ZstdSessionState:
         return encode_data_bytes(correlation, self._session_id) + b"\n"
 
     def encode_binary(self, envelope: bytes, text: str) -> bytes:
-        """A binary message: ``0x5A`` + the payload of ``envelope`` (from :meth:`envelope`) + ``text``."""
-        return self._sender.compress(envelope + text.encode("utf-8"), ZSTD_KIND_BYTE)
+        """A binary message: the kind byte + the payload of ``envelope`` (see :meth:`envelope`) + ``text``."""
+        return self._compress(envelope + text.encode("utf-8"), self._kind_byte)
 
     def wire(self, message: ZstdMessage) -> str | tuple[bytes]:
         """``message`` compressed in the context as it is now: a binary message (as the one
@@ -149,20 +170,21 @@ class ZstdSessionState:
         return envelope
 
     def binary_frame(self, message: ZstdMessage) -> bytes:
-        """A binary-form ``message`` (``payload`` None) compressed in the context: ``0x5A`` + payload."""
-        return self._sender.compress(message.inner, ZSTD_KIND_BYTE)
+        """A binary-form ``message`` (``payload`` None) compressed in the context: the kind byte
+        (``0x5A``, or ``0x48`` with shared history) + payload."""
+        return self._compress(message.inner, self._kind_byte)
 
     def encode_text(self, content: bytes) -> str:
         """A ``#ZS|`` wire string carrying ``content`` (the DATA content only)."""
-        return ZSTD_PREFIX + b64encode(self._sender.compress(content))
+        return ZSTD_PREFIX + b64encode(self._compress(content))
 
     def decode_binary(
         self, frame: bytes | memoryview, limit: int
     ) -> tuple[str | None, DataPayload | None, ContentType, str]:
-        """(session id, payload, content type, content) of a binary message (first byte 0x5A); the
+        """(session id, payload, content type, content) of a binary message (first byte ``kind``); the
         payload is None for a plain envelope of this session, which is recognised without parsing.
         At most ``limit`` bytes are decompressed. Raises DecodeError, LimitExceeded or ProtocolError."""
-        raw = self._receiver.decompress(frame, limit, 1)
+        raw = self._decompress(frame, limit, 1)
         self.received_size = len(raw)
         split = raw.find(b"\n") + 1  # compact JSON never holds a raw line feed: the envelope ends here
         if not split:
@@ -181,13 +203,19 @@ class ZstdSessionState:
     def decode_text(self, wire: str, limit: int) -> str:
         """The content inside a ``#ZS|`` wire string, at most ``limit`` bytes."""
         payload = b64decode(wire[_PREFIX_LEN:], what="zstd base64", offset=_PREFIX_LEN)
-        return _text(self._receiver.decompress(payload, limit))
+        return _text(self._decompress(payload, limit))
 
     def reset(self) -> None:
         """Forget both histories: the next message each way starts a new zstd frame."""
-        self._sender.reset()
-        self._receiver.reset()
+        if isinstance(self._contexts, HistoryContext):
+            self._contexts.reset()
+        else:
+            for context in self._contexts:
+                context.reset()
 
     def memory_size(self) -> int:
-        """Bytes zstd reserved for this session's contexts (0 until they are used)."""
-        return self._sender.memory_size() + self._receiver.memory_size()
+        """Bytes zstd reserved for this session's contexts (0 until they are used), plus the
+        shared history retained."""
+        if isinstance(self._contexts, HistoryContext):
+            return self._contexts.memory_size()
+        return sum(context.memory_size() for context in self._contexts)

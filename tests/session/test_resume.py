@@ -236,9 +236,12 @@ def _prose(i: int) -> str:
     return f"step {i}: the agent read file_{i * 7919 % 1000}.py and wrote {i * i} lines. " * 6
 
 
+@pytest.mark.parametrize("history", [True, False])
 @pytest.mark.parametrize("binary", [True, False])
-def test_zstd_resumes_with_fresh_contexts_and_retransmits_recompressed(binary: bool) -> None:
-    zstd = ZstdOptions(binary=binary)  # binary=False: each side asks the other for #ZS| text
+def test_zstd_resumes_with_fresh_contexts_and_retransmits_recompressed(binary: bool, history: bool) -> None:
+    # binary=False: each side asks the other for #ZS| text; history: shared history is reset on
+    # both ends too (counts, histories, the frames), or the retransmissions would not decode.
+    zstd = ZstdOptions(binary=binary, history=history)
     client, server = established(cfg(resume=True, zstd=zstd), cfg(zstd=zstd))
     assert client.info is not None and Algorithm.ZSTD in client.info.algorithms
     client.send(_prose(1), 1.0)

@@ -10,7 +10,13 @@ import pytest
 import zstandard
 
 from m2mwire.codecs import Algorithm
-from m2mwire.codecs.zstdcontext import DEFAULT_WINDOW, MAX_WINDOW, ZSTD_KIND, ZstdDictionary
+from m2mwire.codecs.zstdcontext import (
+    DEFAULT_WINDOW,
+    MAX_WINDOW,
+    ZSTD_HISTORY_KIND,
+    ZSTD_KIND,
+    ZstdDictionary,
+)
 from m2mwire.errors import LimitExceeded, ProtocolError
 from m2mwire.session.config import ZstdOptions, make_config
 from m2mwire.session.core import Closed, Message, Role, SendMessage, SessionProtocol, State
@@ -46,6 +52,7 @@ def test_window_is_the_smaller_offer_and_on_the_wire() -> None:
         "window": MAX_WINDOW,
         "binary": True,
         "dictionaries": [],
+        "history": True,
     }
     s.receive_text(json.dumps(hello), 0.0)
     accept = json.loads(s.data_to_send()[0].message)  # type: ignore[union-attr,arg-type]
@@ -132,13 +139,19 @@ def violation(p: SessionProtocol) -> ProtocolError:
     return err
 
 
-def test_frame_asking_for_more_than_the_agreed_window_is_refused() -> None:
+@pytest.mark.parametrize("history", [False, True])
+def test_frame_asking_for_more_than_the_agreed_window_is_refused(history: bool) -> None:
     limit = 256 * 1024
-    c, s = pair(cfg(algorithms=ZSTD_ALGS, max_payload=limit), cfg(algorithms=ZSTD_ALGS, max_payload=limit))
+    zstd = ZstdOptions(history=history)
+    c, s = pair(
+        cfg(algorithms=ZSTD_ALGS, max_payload=limit, zstd=zstd),
+        cfg(algorithms=ZSTD_ALGS, max_payload=limit, zstd=zstd),
+    )
     # A one-shot frame of 64 MiB of zeros declares a 64 MiB window (decoder memory): refused up front.
     zeros = zstandard.ZstdCompressor(level=19).compress(b"\0" * (64 << 20))
     assert len(zeros) < 8192
-    assert s.receive_binary(bytes([ZSTD_KIND]) + b"\0\0\0\0" + zeros, 2.0) is None
+    head = bytes([ZSTD_HISTORY_KIND, 0]) if history else bytes([ZSTD_KIND])  # header 0: count 0, continue
+    assert s.receive_binary(head + b"\0\0\0\0" + zeros, 2.0) is None
     err = violation(s)
     assert err.code == "INVALID_DATA" and "memory" in str(err)
 
@@ -194,15 +207,18 @@ def test_reordered_messages_are_detected() -> None:
     assert violation(s).code == "INVALID_DATA"
 
 
-def test_reset_on_both_ends_resynchronises_and_starts_a_new_frame() -> None:
-    c, s = pair(cfg(algorithms=ZSTD_ALGS), cfg(algorithms=ZSTD_ALGS))
+@pytest.mark.parametrize("history", [False, True])
+def test_reset_on_both_ends_resynchronises_and_starts_a_new_frame(history: bool) -> None:
+    zstd = ZstdOptions(history=history)
+    c, s = pair(cfg(algorithms=ZSTD_ALGS, zstd=zstd), cfg(algorithms=ZSTD_ALGS, zstd=zstd))
     steps = workload("agent_loop")
     got = exchange(c, s, steps[:4])
     c.reset_codec_state()
     s.reset_codec_state()
     c.send(steps[4][1], 1.0)
     (out,) = c.data_to_send()
-    assert out.message[0][5:9] == b"\x28\xb5\x2f\xfd"  # type: ignore[union-attr,index]  # zstd magic
+    start = 6 if history else 5  # kind byte, (header: count 0 since the reset,) CRC-32
+    assert out.message[0][start : start + 4] == b"\x28\xb5\x2f\xfd"  # type: ignore[union-attr,index]
     got.append(s.receive_binary(out.message[0], 1.0))  # type: ignore[union-attr,index,arg-type,arg-type]
     assert got[-1] is not None and got[-1].value == steps[4][1]
 
@@ -304,6 +320,7 @@ def test_hello_naming_zstd_without_parameters_gets_the_defaults() -> None:
         "window": DEFAULT_WINDOW,
         "binary": True,
         "dictionaries": [],
+        "history": False,  # the HELLO did not offer shared history: today's per-direction contexts
     }
 
 
@@ -335,7 +352,7 @@ def test_zstd_frames_without_zstd_negotiated_are_violations() -> None:
 def _forge(c: SessionProtocol, inner: bytes) -> bytes:
     """A binary zstd message with ``inner`` as its decompressed bytes, in c's real context."""
     assert c._zstd is not None
-    return c._zstd._sender.compress(inner, b"Z")
+    return c._zstd._compress(inner, c._zstd._kind_byte)
 
 
 def test_another_implementations_envelope_spelling_is_read() -> None:
@@ -410,3 +427,69 @@ def test_edge_contents_round_trip_in_both_forms(binary: bool) -> None:
         pump(s, c, 1.0, got)
     assert [m.value if m.kind == "json" else m.text for m in got] == contents
     assert all(m.algorithm == "zstd" and m.binary is binary for m in got)
+
+
+# -- shared history (docs/CODECS.md section 8, "Shared history") -----------------------------------
+
+
+def _multi_turn_wire(c: SessionProtocol, s: SessionProtocol) -> tuple[int, int, set[int]]:
+    """(content bytes, wire bytes, first bytes of the binary frames) of the multi-turn chat."""
+    steps = workload("multi_turn")
+    kinds: set[int] = set()
+    original = wire = 0
+    for sender, content in steps:
+        src, dst = (c, s) if sender == "client" else (s, c)
+        original += src.send(content, 1.0).original_bytes
+        for out in src.data_to_send():
+            assert isinstance(out, SendMessage) and not isinstance(out.message, str)
+            frame = bytes(out.message[0])
+            kinds.add(frame[0])
+            wire += len(frame)
+            got = dst.receive_binary(frame, 1.0)
+            assert got is not None and got.value == content
+    return original, wire, kinds
+
+
+def test_shared_history_is_negotiated_by_default_and_pays() -> None:
+    c, s = pair(cfg(algorithms=ZSTD_ALGS), cfg(algorithms=ZSTD_ALGS))
+    assert c.info is not None and s.info is not None and c.info.zstd_history and s.info.zstd_history
+    original, shared, kinds = _multi_turn_wire(c, s)
+    assert kinds == {ZSTD_HISTORY_KIND}
+    off = ZstdOptions(history=False)
+    c, s = pair(cfg(algorithms=ZSTD_ALGS, zstd=off), cfg(algorithms=ZSTD_ALGS))
+    assert c.info is not None and not c.info.zstd_history
+    _, per_direction, kinds = _multi_turn_wire(c, s)
+    assert kinds == {ZSTD_KIND}
+    assert shared < 0.8 * per_direction and shared < 0.08 * original  # the issue's 8 % goal
+
+
+def _without_history(message: str) -> str:
+    """The HELLO or ACCEPT an older peer sends: compression.zstd has no "history" field."""
+    envelope = json.loads(message)
+    del envelope["payload"]["compression"]["zstd"]["history"]
+    return json.dumps(envelope)
+
+
+@pytest.mark.parametrize("old", ["client", "server"])
+def test_an_older_peer_gets_todays_per_direction_contexts(old: str) -> None:
+    # The older server is ours with history off (the per-direction code is today's), its ACCEPT
+    # stripped of the field; the older client, ours with the field stripped from its HELLO.
+    server_zstd = ZstdOptions(history=old != "server")
+    c = SessionProtocol(Role.CLIENT, cfg(algorithms=ZSTD_ALGS))
+    s = SessionProtocol(Role.SERVER, cfg(algorithms=ZSTD_ALGS, zstd=server_zstd))
+    c.initiate(0.0)
+    s.initiate(0.0)
+    hello = c.data_to_send()[0].message
+    assert isinstance(hello, str)
+    s.receive_text(_without_history(hello) if old == "client" else hello, 0.0)
+    accept = s.data_to_send()[0].message
+    assert isinstance(accept, str)
+    if old == "server":
+        accept = _without_history(accept)
+    elif old == "client":
+        assert json.loads(accept)["payload"]["compression"]["zstd"]["history"] is False
+    c.receive_text(accept, 0.0)
+    assert c.info is not None and s.info is not None
+    assert not c.info.zstd_history and not s.info.zstd_history
+    _, _, kinds = _multi_turn_wire(c, s)
+    assert kinds == {ZSTD_KIND}  # 0x5A, header-less payloads: what an older peer reads

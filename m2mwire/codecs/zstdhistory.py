@@ -1,0 +1,270 @@
+"""Shared history for session-context zstd: a message may start a frame primed with what both
+directions said (docs/CODECS.md section 8, "Shared history").
+
+A context per direction cannot reference what the other direction sent, so a chat reply is paid
+twice: in the response, then inside the next request. With shared history each endpoint keeps its
+*history*: the messages it sent and the messages it received, in the order it saw them. A message
+may start a new zstd frame whose raw-content dictionary is the last ``window`` bytes of the
+sender's history, so the next request finds the reply it quotes.
+
+The receiver rebuilds the sender's history (its *mirror*) from the sender's messages and its own:
+every message carries ``count``, the number of the receiver's messages the sender had received
+since its previous message, which says where the receiver's messages enter the sender's history.
+A message's payload is::
+
+    header (one LEB128 varint: count << 2 | excluded << 1 | new_frame)  |  CRC-32  |  zstd bytes
+
+``new_frame``: the zstd bytes start a frame primed with the sender's history as it was just before
+this message (the shared dictionary is not used); otherwise they continue the current frame (the
+first frame after a reset is primed with the shared dictionary, if any, as without shared history).
+A new frame is allowed only when the sender received at least one message since its previous
+frame began (the sum of ``count`` since then, this message's included, is >= 1): so the receiver
+rebuilds a prefix at most once per message it sent itself, whatever the peer does.
+
+``excluded``: the message enters neither history. A sender excludes its message when keeping it
+would take its *unacknowledged* messages (sent, not yet covered by a ``count`` from the peer: the
+peer may still put them in a prefix) past one window; so what an endpoint keeps is bounded:
+its history and the mirror (each < 2 windows in chunks, one window used) plus at most one window
+(+ 64 bytes per message) of unacknowledged messages, whatever the peer sends or withholds.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from typing import Final
+
+from m2mwire.codecs.zstdcontext import (
+    DEFAULT_LEVEL,
+    DEFAULT_WINDOW,
+    ContextCompressor,
+    ContextDecompressor,
+    ZstdDictionary,
+)
+from m2mwire.errors import DecodeError
+
+__all__ = ["MAX_HEADER", "PREFIX_FLOOR", "PREFIX_MULTIPLE", "History", "HistoryContext"]
+
+_NEW_FRAME: Final = 1
+_EXCLUDED: Final = 2
+#: Largest header: two LEB128 varints of at most 5 bytes each (count < 2**33, far above any session's).
+MAX_VARINT: Final = 5
+MAX_HEADER: Final = 2 * MAX_VARINT
+#: Per retained unacknowledged message, charged on top of its bytes (Python object overhead), so
+#: that empty or tiny messages cannot pile up unbounded.
+_ENTRY_COST: Final = 64
+#: The sender's policy (not part of the wire). A new frame costs zstd a fresh context and the
+#: indexing of its whole prefix, and drops the current frame's window, so it is started only when
+#: the message quotes the peer: when it contains one of the PROBE-byte samples taken from the
+#: middle and the last quarter of the peer's latest messages (at most MAX_PROBES, since the current
+#: frame began). Its prefix is at most PREFIX_MULTIPLE times the message's size (at least
+#: PREFIX_FLOOR bytes) of history, which bounds the extra work to a few times the message's own.
+PROBE: Final = 32
+MAX_PROBES: Final = 8
+PROBED_SIZE: Final = 512
+PREFIX_MULTIPLE: Final = 2
+PREFIX_FLOOR: Final = 32 * 1024
+
+
+class History:
+    """The last ``limit`` bytes of a growing concatenation of messages, kept as chunks.
+
+    Holds less than ``2 * limit`` bytes: a chunk is dropped as soon as the ones after it hold
+    ``limit`` bytes, and a message longer than ``limit`` is kept as its last ``limit`` bytes.
+    """
+
+    __slots__ = ("_chunks", "_limit", "_size")
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._chunks: deque[bytes] = deque()
+        self._size = 0
+
+    def append(self, data: bytes) -> None:
+        if len(data) >= self._limit:
+            self._chunks.clear()
+            data = data[-self._limit :]
+            self._size = 0
+        elif not data:
+            return
+        self._chunks.append(data)
+        self._size += len(data)
+        while self._size - len(self._chunks[0]) >= self._limit:
+            self._size -= len(self._chunks.popleft())
+
+    def tail(self, size: int) -> bytes:
+        """The last ``size`` bytes (``size`` <= len(self))."""
+        chunks = []
+        need = size
+        for chunk in reversed(self._chunks):  # only the chunks the tail reaches into
+            if need <= 0:
+                break
+            chunks.append(chunk if len(chunk) <= need else chunk[-need:])
+            need -= len(chunk)
+        return b"".join(reversed(chunks))
+
+    def __len__(self) -> int:
+        return self._size
+
+    def clear(self) -> None:
+        self._chunks.clear()
+        self._size = 0
+
+
+def _header(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _read_header(payload: bytes | memoryview, offset: int) -> tuple[int, int]:
+    """(value, offset after it) of the header varint at ``offset``."""
+    value = shift = 0
+    for i in range(offset, min(offset + MAX_VARINT, len(payload))):
+        byte = payload[i]
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, i + 1
+        shift += 7
+    raise DecodeError(
+        f"zstd shared-history header at byte {offset} is truncated or longer than {MAX_VARINT} bytes"
+    )
+
+
+class HistoryContext:
+    """Both directions of one endpoint, with shared history (a drop-in for the pair of a
+    ContextCompressor and a ContextDecompressor: same compress/decompress signatures, with the
+    header in front of the CRC-32)."""
+
+    __slots__ = (
+        "_acked",
+        "_acks_since_frame",
+        "_frame_started",
+        "_history",
+        "_mirror",
+        "_peer_frame_started",
+        "_probes",
+        "_received_since_frame",
+        "_received_since_send",
+        "_sent",
+        "_unacked",
+        "_unacked_bytes",
+        "_window",
+        "receiver",
+        "sender",
+    )
+
+    def __init__(
+        self,
+        window: int = DEFAULT_WINDOW,
+        *,
+        level: int = DEFAULT_LEVEL,
+        dictionary: ZstdDictionary | None = None,
+    ) -> None:
+        self.sender = ContextCompressor(window, level=level, dictionary=dictionary)
+        self.receiver = ContextDecompressor(window, dictionary=dictionary)
+        self._window = window
+        self._history = History(window)  # ours: what we sent and received, in our order
+        self._mirror = History(window)  # the peer's, rebuilt from its counts
+        self._unacked: deque[tuple[int, bytes]] = deque()  # (number, message) not yet counted by the peer
+        # Samples of the peer's messages since our frame began (see PROBE).
+        self._probes: deque[bytes] = deque(maxlen=MAX_PROBES)
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget everything (resume: both ends do this before anything is retransmitted)."""
+        self.sender.reset()
+        self.receiver.reset()
+        self._history.clear()
+        self._mirror.clear()
+        self._unacked.clear()
+        self._unacked_bytes = 0
+        self._sent = 0  # our messages since the reset
+        self._acked = 0  # of them, how many the peer said it received (sum of its counts)
+        self._received_since_send = 0  # the count of our next message
+        self._received_since_frame = 0  # the peer's messages since our frame began
+        self._probes.clear()
+        self._frame_started = False  # we have started a frame since the reset
+        self._acks_since_frame = 0  # the peer's counts since its frame began (this message's too)
+        self._peer_frame_started = False
+
+    def compress(self, data: bytes, prefix: bytes = b"") -> bytes:
+        """``prefix`` + header + CRC-32 + zstd bytes of one message."""
+        primer = 0
+        if self._received_since_frame > 0 and any(probe in data for probe in self._probes):
+            primer = min(len(self._history), max(PREFIX_FLOOR, PREFIX_MULTIPLE * len(data)))
+        new_frame = primer > 0
+        cost = len(data) + _ENTRY_COST
+        excluded = self._unacked_bytes + cost > self._window
+        header = _header(self._received_since_send << 2 | excluded << 1 | new_frame)
+        if new_frame:
+            self.sender.restart(self._history.tail(primer))
+            header += _header(primer)
+        payload = self.sender.compress(data, prefix + header)
+        self._sent += 1
+        self._received_since_send = 0
+        if new_frame or not self._frame_started:
+            self._frame_started = True
+            self._received_since_frame = 0
+            self._probes.clear()
+        if not excluded:
+            self._history.append(data)
+            if data:  # an empty message adds nothing to any history: nothing to keep
+                self._unacked.append((self._sent, data))
+                self._unacked_bytes += cost
+        return payload
+
+    def decompress(self, payload: bytes | memoryview, limit: int, offset: int = 0) -> bytes:
+        """One message of the peer (at most ``limit`` bytes); DecodeError when it is corrupt or
+        breaks the rules above (the session must end, as for any zstd context error)."""
+        value, start = _read_header(payload, offset)
+        count, excluded, new_frame = value >> 2, bool(value & _EXCLUDED), bool(value & _NEW_FRAME)
+        if count > self._sent - self._acked:
+            raise DecodeError(
+                f"zstd shared-history message says it follows {count} of our messages, but only "
+                f"{self._sent - self._acked} were unacknowledged"
+            )
+        self._acked += count
+        self._acks_since_frame += count
+        # Our messages the peer received before this one enter its history first.
+        while self._unacked and self._unacked[0][0] <= self._acked:
+            _, mine = self._unacked.popleft()
+            self._mirror.append(mine)
+            self._unacked_bytes -= len(mine) + _ENTRY_COST
+        if new_frame:
+            primer, start = _read_header(payload, start)
+            if self._acks_since_frame < 1:
+                raise DecodeError(
+                    "zstd shared-history message starts a new frame without having received anything "
+                    "since its previous frame began"
+                )
+            if not 0 < primer <= len(self._mirror):
+                raise DecodeError(
+                    f"zstd shared-history message primes its frame with {primer} bytes of history, "
+                    f"but the history holds {len(self._mirror)}"
+                )
+            self.receiver.restart(self._mirror.tail(primer))
+        out = self.receiver.decompress(payload, limit, start)
+        if new_frame or not self._peer_frame_started:
+            self._peer_frame_started = True
+            self._acks_since_frame = 0
+        self._received_since_send += 1
+        self._received_since_frame += 1
+        if not excluded:
+            self._mirror.append(out)
+            self._history.append(out)
+            size = len(out)
+            if size >= PROBED_SIZE:
+                self._probes.append(out[size // 2 : size // 2 + PROBE])
+                self._probes.append(out[size * 3 // 4 : size * 3 // 4 + PROBE])
+        return out
+
+    def retained_size(self) -> int:
+        """Bytes of message history this endpoint holds (histories + unacknowledged messages)."""
+        return len(self._history) + len(self._mirror) + self._unacked_bytes
+
+    def memory_size(self) -> int:
+        """zstd's reservations plus the retained history."""
+        return self.sender.memory_size() + self.receiver.memory_size() + self.retained_size()
