@@ -7,7 +7,8 @@ and per-message traffic with no repetition (the worst case for a context).
 1. Bytes on the wire, both directions, envelopes and WebSocket frame headers included (2-14 bytes,
    plus the 4-byte mask client -> server), as % of the content's UTF-8 bytes. Every m2mwire column
    is what SessionProtocol really queues (sans-I/O pairs, both ends in this process):
-   none, brotli (per message), tokennative (text #TK| and binary frames), zstd (session context).
+   none, brotli (per message), tokennative (text #TK| and binary frames), zstd (session context
+   with shared history, the default), zstd-pd (one context per direction: history=False).
    permessage-deflate: the `none` messages run through websockets' own PerMessageDeflate with
    context takeover, at zlib's 32 KiB window (15 bits, memLevel 8) and at websockets' server
    defaults (12 bits, memLevel 5).
@@ -39,13 +40,14 @@ from websockets.frames import Frame, Opcode
 from m2mwire.codecs import Algorithm
 from m2mwire.codecs.jsonutil import dumps_compact
 from m2mwire.codecs.zstdcontext import ContextCompressor, ContextDecompressor
+from m2mwire.codecs.zstdhistory import HistoryContext
 from m2mwire.session.config import SessionConfig, ZstdOptions
 from m2mwire.session.core import CloseTransport, Role, SendMessage, SessionProtocol
 from m2mwire.session.zstdstate import inner_message
 from m2mwire.workloads import WORKLOADS, Step, workload
 
 A = Algorithm
-METHODS = ["none", "brotli", "tk-text", "tk-bin", "zstd", "pmd-15", "pmd-12"]
+METHODS = ["none", "brotli", "tk-text", "tk-bin", "zstd", "zstd-pd", "pmd-15", "pmd-12"]
 
 
 def ws_header(size: int, masked: bool) -> int:
@@ -59,8 +61,10 @@ def _size(message: Any) -> int:
     return sum(memoryview(b).nbytes for b in message)
 
 
-def _pair(algorithms: tuple[Algorithm, ...], level: int = 3) -> tuple[SessionProtocol, SessionProtocol]:
-    config = SessionConfig(algorithms=algorithms, zstd=ZstdOptions(level=level))
+def _pair(
+    algorithms: tuple[Algorithm, ...], level: int = 3, history: bool = True
+) -> tuple[SessionProtocol, SessionProtocol]:
+    config = SessionConfig(algorithms=algorithms, zstd=ZstdOptions(level=level, history=history))
     client, server = SessionProtocol(Role.CLIENT, config), SessionProtocol(Role.SERVER, config)
     client.initiate(0.0)
     server.initiate(0.0)
@@ -81,7 +85,7 @@ def run_session(
     algorithm = {"none": A.NONE, "brotli": A.BROTLI, "tk-text": A.TOKENNATIVE, "tk-bin": A.TOKENNATIVE}.get(
         method, A.ZSTD
     )
-    client, server = _pair((algorithm,), level)
+    client, server = _pair((algorithm,), level, history=method != "zstd-pd")
     original = wire = 0
     for sender, content in steps:
         src, dst = (client, server) if sender == "client" else (server, client)
@@ -130,7 +134,7 @@ def wire_table(names: list[str]) -> dict[str, dict[str, float]]:
         row: dict[str, float] = {}
         none_messages: list[tuple[bool, Any]] = []
         original = 0
-        for method in METHODS[:5]:
+        for method in METHODS[:6]:
             original, wire = run_session(steps, method, keep=none_messages if method == "none" else None)
             row[method] = wire / original
         row["pmd-15"] = permessage_deflate(none_messages, 15, 8) / original
@@ -168,25 +172,30 @@ def goals(results: dict[str, dict[str, float]], speed: tuple[float, float], rtt:
 def where_bytes_go(names: tuple[str, ...] = ("multi_turn", "agent_loop")) -> None:
     """zstd's wire bytes split into compressed data, per-message framing (kind byte + CRC-32) and
     WebSocket headers; then the same messages through ONE context for both directions (each side's
-    history would include what it received): the bound cross-direction history could reach."""
-    print("== 1b. Where zstd's bytes go (% of content bytes): data + framing + WS headers = total")
+    history would include what it received): the bound cross-direction history could reach; and
+    what shared history (codecs/zstdhistory.py, the default) puts on the wire, all included."""
+    print("== 1b. Where per-direction zstd's bytes go (% of content bytes): data + framing + WS headers")
     for name in names:
         messages = _inner_messages(name)
         content = sum(len(c if isinstance(c, str) else dumps_compact(c).encode()) for _, c in workload(name))
         per_direction = {"client": ContextCompressor(), "server": ContextCompressor()}
         joint = ContextCompressor()
-        data = shared = headers = 0
+        ends = {"client": HistoryContext(), "server": HistoryContext()}
+        data = shared = headers = history = 0
         for sender, inner in messages:
             payload = per_direction[sender].compress(inner)
             data += len(payload) - 4  # the CRC-32 is framing
             shared += len(joint.compress(inner)) - 4
             headers += ws_header(1 + len(payload), masked=sender == "client")
+            own = ends[sender].compress(inner)
+            ends["server" if sender == "client" else "client"].decompress(own, 1 << 24)
+            history += 1 + len(own) + ws_header(1 + len(own), masked=sender == "client")
         framing = 5 * len(messages)
         total = data + framing + headers
         print(
             f"  {name:14} {data / content:6.2%} + {framing / content:5.2%} + {headers / content:5.2%} "
             f"= {total / content:6.2%}   one context for both directions: "
-            f"{(shared + framing + headers) / content:6.2%}"
+            f"{(shared + framing + headers) / content:6.2%}   shared history: {history / content:6.2%}"
         )
     print()
 
@@ -217,13 +226,28 @@ def _inner_messages(name: str) -> list[tuple[str, bytes]]:
     ]
 
 
-def codec_speed(name: str, *, level: int = 3, trials: int = 7) -> tuple[float, float]:
-    """MB/s of original bytes through both directions' contexts (fresh contexts every trial)."""
+def codec_speed(name: str, *, level: int = 3, trials: int = 7, shared: bool = True) -> tuple[float, float]:
+    """MB/s of original bytes through both directions' contexts (fresh contexts every trial);
+    ``shared``: with shared history (each message is compressed, then decompressed by the peer,
+    in order, since a history depends on what was received), else one context per direction."""
     messages = _inner_messages(name)
     original = sum(len(m) for _, m in messages)
     comp: list[float] = []
     decomp: list[float] = []
     for _ in range(trials):
+        if shared:
+            ends = {"client": HistoryContext(level=level), "server": HistoryContext(level=level)}
+            peer = {"client": ends["server"], "server": ends["client"]}
+            c = d = 0.0
+            for s, m in messages:
+                t = time.perf_counter()
+                p = ends[s].compress(m)
+                t2 = time.perf_counter()
+                peer[s].decompress(p, 1 << 24)
+                c, d = c + t2 - t, d + time.perf_counter() - t2
+            comp.append(c)
+            decomp.append(d)
+            continue
         compressors = {"client": ContextCompressor(level=level), "server": ContextCompressor(level=level)}
         t = time.perf_counter()
         payloads = [(s, compressors[s].compress(m)) for s, m in messages]
@@ -237,11 +261,18 @@ def codec_speed(name: str, *, level: int = 3, trials: int = 7) -> tuple[float, f
 
 
 def speed_section() -> tuple[float, float]:
-    print("== 3. Codec speed, MB/s of original bytes (envelope + content), median of 7, fresh contexts")
+    print("== 3. Codec speed, MB/s of original bytes (envelope + content), median of 7, fresh contexts;")
+    print("   per message in us; shared history (the default) / per-direction contexts")
     result = (0.0, 0.0)
     for name in WORKLOADS:
+        n = len(workload(name))
+        size = sum(len(m) for _, m in _inner_messages(name)) / n
         c, d = codec_speed(name)
-        print(f"  {name:14} compress {c:6.0f} MB/s   decompress {d:6.0f} MB/s")
+        pc, pd = codec_speed(name, shared=False)
+        print(
+            f"  {name:15} compress {c:5.0f} / {pc:5.0f} MB/s ({size / c:6.1f} / {size / pc:5.1f} us)   "
+            f"decompress {d:5.0f} / {pd:5.0f} MB/s ({size / d:5.1f} / {size / pd:4.1f} us)"
+        )
         if name == "agent_loop":
             result = (c, d)
     print()
