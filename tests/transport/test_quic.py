@@ -23,6 +23,7 @@ from m2mwire.transport.quic import (
     QuicClientConnection,
     QuicServer,
     QuicTuning,
+    compat,
     connect_quic,
     open_quic_channel,
     serve_quic,
@@ -307,7 +308,7 @@ async def test_backpressure_bounds_memory_with_a_stalled_reader() -> None:
             assert ch.send_buffered <= tuning.stream_send_high
             assert ch.stats.send_buffered_peak <= tuning.stream_send_high
             assert ch.stats.send_waits > 0
-            assert ch._stream is not None and len(ch._stream.sender._buffer) <= tuning.stream_send_high
+            assert ch._stream is not None and compat.unacked(ch._stream) <= tuning.stream_send_high
         assert conn.stats.send_buffered_peak <= tuning.connection_send_high
         # In flight + queued at the receiver is bounded by the flow-control windows (+ one message).
         assert sum(sent) * len(message) <= 2 * tuning.stream_window + 2 * tuning.stream_send_high + 2 * len(
@@ -318,7 +319,7 @@ async def test_backpressure_bounds_memory_with_a_stalled_reader() -> None:
             # Unread bytes hold back credit: the window bounds what the stalled reader buffers.
             assert sch.stats.recv_queued_peak <= tuning.stream_window + frame
             assert sch.stats.bytes_received <= frame + tuning.stream_window  # one message read + window
-        server_proto = server_channels[0]._protocol
+        server_proto = server_channels[0]._link
         assert server_proto.stats.recv_queued_peak <= tuning.connection_window + len(message)
         # Reading resumes: everything arrives and the senders finish.
         release.set()
@@ -464,7 +465,7 @@ async def test_malformed_frame_ends_only_that_channel(raw: bytes, code: int) -> 
         await bad.send("fine so far")
         assert await bad.recv() == "fine so far"
         # Write malformed bytes straight onto the stream, below the framing layer.
-        quic = conn._protocol._quic
+        quic = conn._protocol.quic
         assert bad.stream_id is not None
         quic.send_stream_data(bad.stream_id, raw)
         conn._protocol.transmit()
@@ -584,7 +585,7 @@ async def test_unused_channel_costs_nothing_and_refused_streams_do_not_hurt() ->
         assert await ch.recv() == "a"
         assert ch.stream_id == 0
         # A unidirectional stream is not an m2mwire channel: refused, the connection carries on.
-        quic = conn._protocol._quic
+        quic = conn._protocol.quic
         uni = quic.get_next_available_stream_id(is_unidirectional=True)
         quic.send_stream_data(uni, b"\x01\x00\x00\x00\x01x")
         conn._protocol.transmit()
