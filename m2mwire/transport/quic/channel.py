@@ -259,6 +259,29 @@ class QuicChannel:
         finally:
             self._send_users -= 1
 
+    def send_now(self, message: OutgoingMessage) -> bool:
+        """Write the whole message now and return True, or write nothing and return False.
+
+        False when ``send()`` would wait (a send() in progress, the watermarks, enough written this
+        event-loop turn that the transmit should run first) or raise (closed, not encodable):
+        the caller then uses ``send()``."""
+        if (
+            self._send_failure is not None
+            or self._send_users
+            or self._link.unflushed >= self._flush_threshold
+        ):
+            return False
+        try:
+            n, parts = _frame(message)
+        except EncodeError:
+            return False  # send() raises it
+        if not self._fits(n):
+            return False
+        for part in parts:
+            self._write(part)
+        self.stats.messages_sent += 1
+        return True
+
     async def recv(self) -> Message:
         """The next message; once none is left, raises TransportError saying how the channel ended."""
         if self._on_message is not None:
@@ -333,6 +356,31 @@ class QuicChannel:
     def own(self, connection: OwnedConnection) -> None:
         """Close (or abort) ``connection`` with this channel (see :func:`open_quic_channel`)."""
         self._owned_connection = connection
+
+    # -- PushChannel protocol ----------------------------------------------------------------------
+
+    def start_push(self, on_message: OnMessage, on_lost: OnLost) -> None:
+        """From now on hand every message to ``on_message`` as it arrives (those already received
+        first, in order), and the channel's end to ``on_lost``, once, after the messages before it
+        (an error that breaks the channel while reading is paused is reported at once)."""
+        self._on_message = on_message
+        self._on_lost = on_lost
+        self._loss_reported = False
+        self._wake_reader()
+        if self._paused:
+            self._report_loss()
+        else:
+            self._pump()
+
+    def pause_reading(self) -> None:
+        """Stop handing messages over. Unread bytes then hold the peer's credit back, so what it
+        can make us buffer stays within the stream window (plus what a message in progress
+        already had credited)."""
+        self._paused = True
+
+    def resume_reading(self) -> None:
+        self._paused = False
+        self._pump()
 
     # -- sending -----------------------------------------------------------------------------------
 
