@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import numpy as np
 import pytest
 
 import m2mwire
@@ -181,3 +182,16 @@ async def test_a_quic_session_reads_by_push_without_a_reader_task() -> None:
             for s in (session, sessions[0]):
                 assert isinstance(s._channel, QuicChannel) and s._push
                 assert not [t for t in s._tasks if t.get_name() == "m2mwire-reader"]
+
+
+async def test_buffers_of_any_item_format_are_sent_as_their_bytes() -> None:
+    handler = Pushed()
+    small = np.arange(10, dtype=np.float32)  # joined with the header into one write
+    large = np.arange(40_000, dtype=np.float64)  # 320,000 bytes: written piecewise, never joined
+    async with connected(handler) as conn:
+        ch = await conn.open_channel()
+        assert ch.send_now([b"ab", memoryview(small)])
+        await ch.send([memoryview(large), b"z"])
+        await until(lambda: len(handler.messages) == 2)
+        assert handler.messages == [b"ab" + small.tobytes(), large.tobytes() + b"z"]
+        handler.done.set()

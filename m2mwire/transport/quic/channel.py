@@ -137,16 +137,17 @@ def _frame(message: OutgoingMessage) -> tuple[int, list[Buffer]]:
         if length <= _JOIN_LIMIT:
             return HEADER_SIZE + length, [encode_header(KIND_TEXT, length) + body]
         return HEADER_SIZE + length, [encode_header(KIND_TEXT, length), body]
-    views = (
-        [_byte_view(message)]
-        if isinstance(message, bytes | bytearray | memoryview)
-        else [_byte_view(p) for p in message]
-    )
-    length = sum(v.nbytes for v in views)
+    if isinstance(message, bytes | bytearray | memoryview):
+        message = (message,)
+    length = 0
+    for part in message:  # bounded by the parts
+        length += memoryview(part).nbytes
     header = encode_header(KIND_BINARY, length)
     if length <= _JOIN_LIMIT:
-        return HEADER_SIZE + length, [b"".join([header, *views])]
-    return HEADER_SIZE + length, [header, *views]
+        # bytes.join copies any contiguous buffer whole, whatever its item format: no views needed.
+        return HEADER_SIZE + length, [b"".join([header, *message])]
+    # Written piecewise, sliced by byte offsets: byte views of the parts.
+    return HEADER_SIZE + length, [header, *(_byte_view(p) for p in message)]
 
 
 class QuicChannel:
@@ -385,7 +386,10 @@ class QuicChannel:
     # -- sending -----------------------------------------------------------------------------------
 
     def _fits(self, n: int) -> bool:
-        return self._budget.fits(n, self.send_buffered, self._link.send_buffered)
+        # Callers checked _send_failure: the stream's unacknowledged bytes count (see send_buffered).
+        stream = self._stream
+        unacked = 0 if stream is None else compat.unacked(stream)
+        return self._budget.fits(n, unacked, self._link.send_buffered)
 
     def _write(self, data: Buffer) -> None:
         """Hand bytes to aioquic (which copies them into its send buffer) and schedule a flush."""
