@@ -83,11 +83,12 @@ class Session:
     """One established session: send and receive DATA, then close.
 
     Obtain one from :func:`connect` (client) or as the argument of a :func:`serve` handler.
-    Received messages go channel -> protocol -> inbox, pushed by the channel where it can (WebSocket)
-    or pulled by a reader task (QUIC). ``send()`` writes its own message in the caller's task (under
-    a write lock, so output stays in protocol order); what receiving or a timer makes the protocol
-    say (PONG, CLOSE acknowledgements) is written by a writer task. Receiving never waits for a
-    write, so a full-duplex exchange cannot deadlock on control messages.
+    Received messages go channel -> protocol -> inbox, pushed by the channel where it can (WebSocket,
+    QUIC, NATS) or pulled by a reader task (a channel without PushChannel). ``send()`` writes its own
+    message in the caller's task (under a write lock, so output stays in protocol order); what
+    receiving or a timer makes the protocol say (PONG, CLOSE acknowledgements) is written by a writer
+    task. Receiving never waits for a write, so a full-duplex exchange cannot deadlock on control
+    messages.
     """
 
     def __init__(self, channel: Channel, protocol: SessionProtocol) -> None:
@@ -983,7 +984,7 @@ class Session:
                 channel.resume_reading()
 
     async def _reader(self, channel: Channel) -> None:
-        """Pull-mode channels (e.g. QUIC): read, feed, and stop reading while the inbox is full."""
+        """Pull-mode channels (no PushChannel): read, feed, and stop reading while the inbox is full."""
         while self._protocol.state is not State.CLOSED and channel is self._channel and not self._handed_over:
             await self._resume_reading.wait()
             try:
