@@ -20,7 +20,7 @@ from m2mwire.errors import TransportError
 from m2mwire.lifecycle import Listening
 from m2mwire.options import parse_url
 from m2mwire.transport import registry
-from m2mwire.transport.base import Channel, Listener, Message, PushChannel, TransportConfig
+from m2mwire.transport.base import Channel, Listener, Message, TransportConfig
 from m2mwire.transport.nats.options import NATS_OPTIONS
 
 __all__ = ["Gateway", "gateway"]
@@ -131,31 +131,26 @@ async def _pipe(src: Channel, dst: Channel) -> None:
     ended: list[TransportError] = []
     wake = asyncio.Event()
     paused = False
-    if isinstance(src, PushChannel):
-        # Push channels (WebSocket, NATS) deliver from their socket callback; pausing them at a
-        # small queue keeps what the gateway holds per direction bounded.
-        def on_message(message: Message) -> None:
-            nonlocal paused
-            queue.append(message)
-            if len(queue) >= _RELAY_QUEUE and not paused:
-                paused = True
-                src.pause_reading()
-            wake.set()
 
-        def on_lost(exc: TransportError) -> None:
-            ended.append(exc)
-            wake.set()
+    # Channels deliver from their socket callback; pausing them at a small queue keeps what the
+    # gateway holds per direction bounded.
+    def on_message(message: Message) -> None:
+        nonlocal paused
+        queue.append(message)
+        if len(queue) >= _RELAY_QUEUE and not paused:
+            paused = True
+            src.pause_reading()
+        wake.set()
 
-        src.start_push(on_message, on_lost)
+    def on_lost(exc: TransportError) -> None:
+        ended.append(exc)
+        wake.set()
+
+    src.start_push(on_message, on_lost)
     while True:
-        if not isinstance(src, PushChannel):
-            try:
-                queue.append(await src.recv())
-            except TransportError as exc:
-                ended.append(exc)
         while queue:
             message = queue.popleft()
-            if paused and len(queue) <= _RELAY_QUEUE // 2 and isinstance(src, PushChannel):
+            if paused and len(queue) <= _RELAY_QUEUE // 2:
                 paused = False
                 src.resume_reading()
             try:
@@ -173,10 +168,9 @@ async def _pipe(src: Channel, dst: Channel) -> None:
             else:
                 dst.abort()
             return
-        if isinstance(src, PushChannel):
-            wake.clear()
-            if not queue and not ended:
-                await wake.wait()
+        wake.clear()
+        if not queue and not ended:
+            await wake.wait()
 
 
 def gateway(listen_url: str, nats_url: str, **options: Any) -> Gateway:

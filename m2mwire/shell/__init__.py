@@ -4,8 +4,8 @@
 - :mod:`m2mwire.shell.client`: ``connect()`` (opening a channel through the transport registry).
 - :mod:`m2mwire.shell.server`: ``serve()``, ``Server``; :mod:`~m2mwire.shell.serverstats` its stats.
 - :mod:`m2mwire.shell.hosting`: what a ``Server`` needs of the sessions it hosts.
-- :mod:`m2mwire.shell.sessionlog`, :mod:`~m2mwire.shell.warmup`, :mod:`~m2mwire.shell.continuation`:
-  session log lines, tokenizer preloading, and a write carried on in a task of its own.
+- :mod:`m2mwire.shell.sessionlog`, :mod:`~m2mwire.shell.warmup`: session log lines, tokenizer
+  preloading.
 
 ``m2mwire.api`` re-exports the public names; nothing here is imported by ``import m2mwire``.
 """

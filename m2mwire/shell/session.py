@@ -16,7 +16,7 @@ import functools
 import sys
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 from m2mwire import tracing
 from m2mwire.admission import Admission, Hello, split_address
@@ -54,9 +54,8 @@ from m2mwire.session.core import (
     closed_error,
     queued_cost,
 )
-from m2mwire.shell.continuation import continue_in_task
 from m2mwire.shell.sessionlog import log, log_closed, log_opened
-from m2mwire.transport.base import Buffer, Channel, DirectSendChannel, PushChannel
+from m2mwire.transport.base import Buffer, Channel
 
 if TYPE_CHECKING:
     import numpy as np  # numpy, protobuf: imported when a tensor or frame is sent, not for text
@@ -83,12 +82,13 @@ class Session:
     """One established session: send and receive DATA, then close.
 
     Obtain one from :func:`connect` (client) or as the argument of a :func:`serve` handler.
-    Received messages go channel -> protocol -> inbox, pushed by the channel where it can (WebSocket,
-    QUIC, NATS) or pulled by a reader task (a channel without PushChannel). ``send()`` writes its own
-    message in the caller's task (under a write lock, so output stays in protocol order); what
-    receiving or a timer makes the protocol say (PONG, CLOSE acknowledgements) is written by a writer
-    task. Receiving never waits for a write, so a full-duplex exchange cannot deadlock on control
-    messages.
+    One receive path: the channel pushes each message (``start_push``) through the protocol into
+    the inbox; a full inbox pauses the channel's reading. One send path: ``channel.send_now()``,
+    and only when the channel has no room, ``channel.send()`` in a task of its own (watched by
+    write_timeout). ``send()`` writes its own message in the caller's task (under a write lock, so
+    output stays in protocol order); what receiving or a timer makes the protocol say (PONG, CLOSE
+    acknowledgements) is written by a writer task. Receiving never waits for a write, so a
+    full-duplex exchange cannot deadlock on control messages.
     """
 
     def __init__(self, channel: Channel, protocol: SessionProtocol) -> None:
@@ -102,8 +102,6 @@ class Session:
         # recv() callers waiting for the inbox, one future each (an asyncio.Event costs several
         # Python calls more per message); woken by _wake_receivers().
         self._receivers: list[asyncio.Future[None]] = []
-        self._resume_reading = asyncio.Event()  # set while we read (pull-mode reader waits on it)
-        self._resume_reading.set()
         self._established: asyncio.Future[SessionInfo] = self._loop.create_future()
         self._closed = asyncio.Event()
         self._transport_closed = False
@@ -114,8 +112,6 @@ class Session:
         self._timer_handle: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._avp_metadata: AVPMetadata | None = None
-        self._push = False  # messages arrive through _feed callbacks rather than a reader task
-        self._send_now = channel.send_now if isinstance(channel, DirectSendChannel) else None
         self._paused = False  # we stopped reading on purpose (see _update_reading)
         self._closing = False
         self._correlator = Correlator()  # our requests waiting for answers
@@ -385,10 +381,10 @@ class Session:
                     extra[AVP_MORE_KEY] = "1" if more else "0"
             sent = self._protocol.send_frame(self._avp_parts(content, extra), now)
         protocol = self._protocol
-        if self._send_now is not None and not self._writing and not self._transport_closed:
+        if not self._writing and not self._transport_closed:
             # Nothing queued before us and nobody writing: write synchronously if the channel can.
             out = protocol.sole_output()
-            if isinstance(out, SendMessage) and self._send_now(out.message):
+            if isinstance(out, SendMessage) and self._channel.send_now(out.message):
                 protocol.next_output()
                 if self._paused:
                     self._update_reading()
@@ -546,7 +542,6 @@ class Session:
         else:
             self._protocol.initiate(self._loop.time())
         self._tasks = [asyncio.create_task(self._writer(), name="m2mwire-writer")]
-        self._push = isinstance(self._channel, PushChannel)
         self._start_reading(self._channel)
         self._after_protocol_step()
         await self._write_pending()
@@ -558,12 +553,9 @@ class Session:
 
     def _start_reading(self, channel: Channel) -> None:
         """Feed what ``channel`` receives to the protocol; its loss counts only while it is ours."""
-        if self._push:
-            cast(PushChannel, channel).start_push(self._feed, functools.partial(self._channel_lost, channel))
-            if self._paused:
-                cast(PushChannel, channel).pause_reading()
-        else:
-            self._tasks.append(asyncio.create_task(self._reader(channel), name="m2mwire-reader"))
+        channel.start_push(self._feed, functools.partial(self._channel_lost, channel))
+        if self._paused:
+            channel.pause_reading()
 
     def _channel_lost(self, channel: Channel, exc: TransportError) -> None:
         if channel is self._channel and not self._handed_over:
@@ -571,9 +563,7 @@ class Session:
 
     def _drop_channel(self) -> None:
         """Abort the current channel and stop listening to it (resume: the session outlives it)."""
-        channel = self._channel
-        if self._push:
-            cast(PushChannel, channel).start_push(_ignore, _ignore)
+        self._channel.start_push(_ignore, _ignore)
         self._abort_channel()
         if not self._channel_done.done():
             self._channel_done.set_result(None)
@@ -587,7 +577,6 @@ class Session:
         if self._channel_done.done():
             self._channel_done = self._loop.create_future()
         self._transport_closed = False
-        self._send_now = channel.send_now if isinstance(channel, DirectSendChannel) else None
         info = self._protocol.info
         if info is not None and info.max_payload:
             channel.set_max_message_size(transport_limit(info.max_payload))
@@ -611,7 +600,7 @@ class Session:
         self._handed_to = to
         for task in self._tasks:
             if task is not asyncio.current_task():
-                task.cancel()  # the reader waits in recv(): cancelling there consumes nothing
+                task.cancel()  # writer, admission: the resumed session's own tasks take over
         if self._timer_handle is not None:
             self._timer_handle.cancel()
             self._timer_handle = self._timer_at = None
@@ -850,21 +839,18 @@ class Session:
                 self._writing = False
 
     def _start_write(self, message: str | Sequence[Buffer]) -> asyncio.Task[None] | None:
-        """Start channel.send(message) such that cancelling the caller never cuts a message in half;
-        returns None when it is done, or the task that finishes it (await it through shield()).
+        """Write ``message`` such that cancelling the caller never cuts it in half; returns None
+        when it is written, or the task that finishes it (await it through shield()).
 
-        The send runs in the caller's task up to its first wait, so a write that need not wait
-        costs nothing extra (no task, no loop turn). One that must wait (the peer reads slowly)
-        goes on in a task of its own: a cancelled caller then leaves it running (the next write
-        waits for it), and the write_timeout timer drops a peer that lets it wait too long.
+        ``send_now`` writes it at once when the channel has room (no task, no loop turn). When it
+        has none (the peer reads slowly), ``send()`` waits for room in a task of its own: a
+        cancelled caller then leaves it running (the next write waits for it), and the
+        write_timeout timer drops a peer that lets it wait too long.
         """
         channel = self._channel
-        coro = channel.send(message)
-        try:
-            waiting_on = coro.send(None)
-        except StopIteration:
+        if channel.send_now(message):
             return None
-        task = self._loop.create_task(continue_in_task(coro, waiting_on))
+        task = self._loop.create_task(channel.send(message))
         self._inflight = task
         self._write_timer = self._loop.call_later(
             self._protocol.config.timers.write_timeout, self._on_write_timeout, task
@@ -972,29 +958,11 @@ class Session:
         if pause == self._paused:
             return
         self._paused = pause
-        if pause:
-            self._resume_reading.clear()
-        else:
-            self._resume_reading.set()
-        if self._push and not self._transport_closed:
-            channel = cast(PushChannel, self._channel)  # _push is set only for PushChannels
+        if not self._transport_closed:
             if pause:
-                channel.pause_reading()
+                self._channel.pause_reading()
             else:
-                channel.resume_reading()
-
-    async def _reader(self, channel: Channel) -> None:
-        """Pull-mode channels (no PushChannel): read, feed, and stop reading while the inbox is full."""
-        while self._protocol.state is not State.CLOSED and channel is self._channel and not self._handed_over:
-            await self._resume_reading.wait()
-            try:
-                data = await channel.recv()
-            except TransportError as exc:
-                self._channel_lost(channel, exc)
-                return
-            if channel is not self._channel or self._handed_over:
-                return  # the session moved on: this channel is aborted, what it says is moot
-            self._feed(data)
+                self._channel.resume_reading()
 
     def _on_transport_closed(self, exc: TransportError) -> None:
         self._transport_closed = True
@@ -1060,8 +1028,7 @@ class Session:
         if self._write_timer is not None:
             self._write_timer.cancel()
             self._write_timer = None
-        if self._push:
-            cast(PushChannel, self._channel).start_push(_ignore_message, _ignore_loss)
+        self._channel.start_push(_ignore_message, _ignore_loss)
 
 
 def _ignore_message(_message: str | bytes) -> None:

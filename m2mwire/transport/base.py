@@ -2,7 +2,8 @@
 
 A transport only moves whole messages of two kinds: text (``str``, carrying JSON envelopes) and
 binary (``bytes``, carrying TokenNative binary and AVP frames). It knows nothing about sessions.
-Each transport (WebSocket, QUIC) provides a :class:`Channel` per session.
+Each transport (WebSocket, QUIC, NATS, in-memory) provides a :class:`Channel` per session and a
+:class:`Listener` per server, through the functions the transport registry calls.
 """
 
 from __future__ import annotations
@@ -34,11 +35,18 @@ OutgoingMessage = str | Buffer | Sequence[Buffer]
 
 @runtime_checkable
 class Channel(Protocol):
-    """One ordered, reliable, bidirectional message channel for one session."""
+    """One ordered, reliable, bidirectional message channel for one session.
+
+    One interface, implemented by every transport: received messages are pushed to the session
+    (``start_push``: no reader task, no extra loop hop), ``send_now`` writes without awaiting when
+    the transport has room, and ``pause_reading``/``resume_reading`` is the one backpressure gate
+    on what the peer can make us hold.
+    """
 
     @property
     def max_message_size(self) -> int:
-        """Largest incoming message accepted, in bytes; larger ones fail the channel."""
+        """Largest incoming message accepted, in bytes; larger ones fail the channel (before the
+        message is buffered)."""
         ...
 
     def set_max_message_size(self, size: int) -> None:
@@ -50,18 +58,32 @@ class Channel(Protocol):
         """Printable peer address, for logs."""
         ...
 
-    async def send(self, message: OutgoingMessage) -> None:
-        """Send one message. Waits while the peer or the network is slow (backpressure).
-
-        Raises :class:`m2mwire.errors.TransportError` when the channel is closed.
-        """
+    def start_push(
+        self, on_message: Callable[[Message], None], on_lost: Callable[[TransportError], None]
+    ) -> None:
+        """Deliver every received message to ``on_message``, in order, including any received
+        before the call (those synchronously, within the call); ``on_lost`` is called once when
+        the channel is gone (``clean=True`` for an orderly close, with the close code and reason).
+        Calling it again replaces the callbacks."""
         ...
 
-    async def recv(self) -> Message:
-        """Receive the next message, in order.
+    def pause_reading(self) -> None:
+        """Stop reading from the network: what the peer sends then waits in its own flow control."""
+        ...
 
-        Raises :class:`m2mwire.errors.TransportError` when the channel is closed (``clean=True`` for
-        an orderly close by the peer).
+    def resume_reading(self) -> None: ...
+
+    def send_now(self, message: OutgoingMessage) -> bool:
+        """Write the whole message now and return True, or write nothing and return False
+        (writing is paused by flow control, the channel is closing, ...): the caller then uses
+        :meth:`send`, which waits or raises."""
+        ...
+
+    async def send(self, message: OutgoingMessage) -> None:
+        """Send one message. Waits while the peer or the network is slow (backpressure); cancelled
+        while waiting, it has written nothing or the whole message, never part of it.
+
+        Raises :class:`m2mwire.errors.TransportError` when the channel is closed.
         """
         ...
 
@@ -74,34 +96,9 @@ class Channel(Protocol):
         ...
 
 
-@runtime_checkable
-class PushChannel(Channel, Protocol):
-    """A channel that can hand received messages to a callback, saving a reader task.
-
-    ``start_push`` delivers every message, in order, including any received before the call;
-    ``on_lost`` is called once when the channel is gone. ``pause_reading``/``resume_reading``
-    stop and restart reading from the network (the session's backpressure).
-    """
-
-    def start_push(
-        self, on_message: Callable[[Message], None], on_lost: Callable[[TransportError], None]
-    ) -> None: ...
-
-    def pause_reading(self) -> None: ...
-
-    def resume_reading(self) -> None: ...
-
-
-@runtime_checkable
-class DirectSendChannel(Channel, Protocol):
-    """A channel that can write a message synchronously when nothing would make it wait.
-
-    ``send_now`` writes the whole message and returns True, or writes nothing and returns False
-    (writing is paused by flow control, the channel is closing, ...): the caller then uses
-    ``send()``, which waits or raises. It saves the session a coroutine chain per message.
-    """
-
-    def send_now(self, message: OutgoingMessage) -> bool: ...
+# The names of the two optional halves of the interface before they became part of Channel.
+PushChannel = Channel
+DirectSendChannel = Channel
 
 
 ChannelHandler = Callable[[Channel], Awaitable[None]]
