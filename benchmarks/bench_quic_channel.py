@@ -51,6 +51,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _loop import use_loop_from_env
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.asyncio.server import serve as aioquic_serve
 from aioquic.quic import events
@@ -68,6 +69,8 @@ from m2mwire.transport.quic import (
     serve_quic,
 )
 from m2mwire.transport.tls import generate_self_signed
+
+LOOP = use_loop_from_env()  # M2M_BENCH_LOOP=uvloop: also in the spawned servers (they import us)
 
 MiB = 1024 * 1024
 MAX_MESSAGE = 64 * MiB
@@ -620,6 +623,7 @@ def start_server(suite: Suite) -> tuple[multiprocessing.process.BaseProcess, int
 
 def report(suites: list[Suite], results: dict[str, Results]) -> None:
     width = max(len(s.name) for s in suites)
+    print(f"event loop: {LOOP}")
     print(f"{'':{width}}  RTT p50 us  RTT p99 us  " + "  ".join(f"{_label(s):>30}" for s, _ in SIZES))
     medians: dict[str, dict[int, float]] = {}
     cpu_medians: dict[str, dict[int, tuple[float, float]]] = {}

@@ -31,8 +31,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import numpy as np
+from _loop import use_loop_from_env
 from websockets.asyncio.client import connect as ws_connect
 from websockets.asyncio.server import serve as ws_serve
+
+LOOP = use_loop_from_env()  # M2M_BENCH_LOOP=uvloop: also in the spawned servers (they import us)
 
 BIG = 64 * 1024 * 1024
 T = TypeVar("T")
@@ -406,8 +409,9 @@ def main() -> None:
 
     med = {k: statistics.median(v) for k, v in results.items()}
     print(
-        f"Session over WebSocket vs raw websockets ({args.rounds} rounds; RTT: raw and session in "
-        "alternating batches of 50, percentiles per round, medians over rounds; throughput: median of "
+        f"Session over WebSocket vs raw websockets (event loop: {LOOP}; {args.rounds} rounds; RTT: "
+        "raw and session in alternating batches of 50, percentiles per round, medians over rounds; "
+        "throughput: median of "
         "paired alternating trials (ratio per pair); servers in child processes; cpu = server process "
         "CPU per message)"
     )

@@ -59,12 +59,13 @@ def _cli_terms(message: str) -> str:
 def _check_flags(call: Call, url: str, given: dict[str, Any]) -> None:
     """Reject flags that do not apply to the URL's scheme, in the command line's terms."""
     from m2mwire.options import parse_url, valid_options  # loads the codecs: not for --version
+    from m2mwire.transport.registry import schemes
 
     scheme = parse_url(url).scheme
     valid = valid_options(call, scheme)
     for name, value in given.items():
         if value and name not in valid:
-            where = [s + "://" for s in ("ws", "wss", "quic") if name in valid_options(call, s)]
+            where = [s + "://" for s in schemes() if name in valid_options(call, s)]
             raise UsageError(
                 f"{_FLAGS[name]} does not apply to a {scheme}:// URL, only to {' and '.join(where)}"
             )

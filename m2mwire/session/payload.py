@@ -240,10 +240,15 @@ def decode_binary(
         return _data_message(payload, kind, "zstd", True, size, utf8_len(text), text, value, held)
     if first in _TOKENNATIVE_BINARY_IDS:
         return _binary_text(decompress_binary(view, limits=limits), "tokennative", size)
+    zstd_kind = (
+        f" or {chr(zstd.kind)!r} (zstd context, as negotiated)"
+        if zstd is not None
+        else " (zstd frames only once zstd is negotiated)"
+    )
     return Violation(
         SessionCode.MALFORMED_MESSAGE,
         f"binary frame starts with byte 0x{first:02x}: expected 0x00-0x02 (TokenNative), "
-        "'#' (M2M v1), 'A' (AVP) or, when zstd was negotiated, 'Z' or 'H' (zstd context)",
+        f"'#' (M2M v1), 'A' (AVP){zstd_kind}",
     )
 
 

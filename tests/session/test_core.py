@@ -420,7 +420,8 @@ def test_binary_before_accept() -> None:
         (b"", "MALFORMED_MESSAGE"),
         (b"\x07abc", "MALFORMED_MESSAGE"),
         (b"Yzz", "MALFORMED_MESSAGE"),
-        (b"Zzz", "INVALID_DATA"),  # 'Z' is a zstd-context frame (negotiated by default): undecodable
+        (b"Hzz", "INVALID_DATA"),  # 'H': a zstd frame with shared history (the default): undecodable
+        (b"Zzz", "MALFORMED_MESSAGE"),  # 'Z' (zstd without shared history) was not negotiated
         (b"A", "MALFORMED_MESSAGE"),  # an 'A' alone or not followed by 'V' is not an AVP frame
         (b"AX\x01\x00", "MALFORMED_MESSAGE"),
         (b"\x00\xff\xff\xff\xff\xff\xff", "INVALID_DATA"),
