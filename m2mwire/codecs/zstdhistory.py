@@ -52,15 +52,33 @@ MAX_HEADER: Final = 2 * MAX_VARINT
 #: Per retained unacknowledged message, charged on top of its bytes (Python object overhead), so
 #: that empty or tiny messages cannot pile up unbounded.
 _ENTRY_COST: Final = 64
-#: The sender's policy (not part of the wire). A new frame costs zstd a fresh context and the
-#: indexing of its whole prefix, and drops the current frame's window, so it is started only when
-#: the message quotes the peer: when it contains one of the PROBE-byte samples taken from the
-#: middle and the last quarter of the peer's latest messages (at most MAX_PROBES, since the current
-#: frame began). Its prefix is at most PREFIX_MULTIPLE times the message's size (at least
-#: PREFIX_FLOOR bytes) of history, which bounds the extra work to a few times the message's own.
-PROBE: Final = 32
-MAX_PROBES: Final = 8
+#: The sender's policy (not part of the wire: any choice of frames and prefixes decodes, since the
+#: receiver follows the header and checks only the rules above). A new frame costs python-zstandard
+#: a fresh context plus the indexing of its whole prefix (~20 us fixed, several times a message's
+#: own compression on the agent loop) and drops the current frame's window; what it buys is that
+#: peer content the message quotes is matched instead of compressed afresh (~0.4 byte on the wire
+#: per byte of new text). So it pays only for a large quote: a frame starts only when the message
+#: quotes at least RESTART_QUOTE bytes of *fresh* peer content, i.e. of the peer's messages
+#: received since the frame began and not quoted in it yet (once a frame has carried a quote, the
+#: quoted bytes are in its own window: quoting them again costs little).
+#:
+#: How much of a peer message is quoted is measured, not guessed: two PROBE-byte samples are taken
+#: from the middle and the last quarter of each peer message of PROBED_SIZE bytes or more, with up
+#: to RESTART_QUOTE bytes either side; where a sample first occurs in the outgoing message, the run
+#: it shares with the peer message around the sample is the quote's length. PROBE is long enough
+#: that JSON structure common to both directions (``","type":"function","function":{"name":"``)
+#: does not pass for a quote; only the latest MAX_QUOTABLE peer messages are kept (at most
+#: 2 * MAX_QUOTABLE * (2 * RESTART_QUOTE + PROBE) bytes: 9 KiB). Measured (bench_context.py at 512 B
+#: to 2 KiB, docs/CODECS.md section 8): the agent loop's tool calls (230-340 bytes quoted) never
+#: restart its frames, which then keep the per-direction speed (>= 200 / 500 MB/s), and the chat's
+#: replies (485 B to 1.6 KB, restarting from 512 B) do: both stay under 8 % of the bytes; at 1 KiB
+#: the chat rises to 8.2 %, at 2 KiB to 9.5 % (no restart at all).
+#: The prefix is at most PREFIX_MULTIPLE times the message's size (at least PREFIX_FLOOR bytes) of
+#: history, which bounds the extra work to a few times the message's own.
+PROBE: Final = 128
 PROBED_SIZE: Final = 512
+MAX_QUOTABLE: Final = 4
+RESTART_QUOTE: Final = 512
 PREFIX_MULTIPLE: Final = 2
 PREFIX_FLOOR: Final = 32 * 1024
 
@@ -133,6 +151,52 @@ def _read_header(payload: bytes | memoryview, offset: int) -> tuple[int, int]:
     )
 
 
+_Sample = tuple[bytes, bytes, bytes]  # (bytes before it, reversed; the sample; bytes after it)
+
+
+def _samples(message: bytes) -> tuple[_Sample, ...]:
+    """The samples of a peer message (see RESTART_QUOTE), each with its surroundings."""
+    size = len(message)
+    out = []
+    for at in (size // 2, size * 3 // 4):
+        end = at + PROBE
+        out.append(
+            (
+                message[max(0, at - RESTART_QUOTE) : at][::-1],
+                message[at:end],
+                message[end : end + RESTART_QUOTE],
+            )
+        )
+    return tuple(out)
+
+
+def _common_prefix(a: bytes, b: bytes) -> int:
+    """Length of the common prefix of ``a`` and ``b`` (binary search on slice comparisons, which
+    run in C: ~11 of them for 1 KiB, instead of a Python loop per byte)."""
+    low, high = 0, min(len(a), len(b))
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
+
+
+def _quoted(samples: tuple[_Sample, ...], data: bytes) -> int:
+    """Bytes of the sampled peer message that ``data`` quotes: the longest run it shares with the
+    message around one of its samples (0 if it holds none; at most 2 * RESTART_QUOTE + PROBE)."""
+    longest = 0
+    for before, sample, after in samples:
+        at = data.find(sample)
+        if at >= 0:
+            end = at + PROBE
+            back = _common_prefix(before, data[max(0, at - len(before)) : at][::-1])
+            ahead = _common_prefix(after, data[end : end + len(after)])
+            longest = max(longest, back + PROBE + ahead)
+    return longest
+
+
 class HistoryContext:
     """Both directions of one endpoint, with shared history (a drop-in for the pair of a
     ContextCompressor and a ContextDecompressor: same compress/decompress signatures, with the
@@ -145,7 +209,7 @@ class HistoryContext:
         "_history",
         "_mirror",
         "_peer_frame_started",
-        "_probes",
+        "_quotable",
         "_received_since_frame",
         "_received_since_send",
         "_sent",
@@ -169,8 +233,9 @@ class HistoryContext:
         self._history = History(window)  # ours: what we sent and received, in our order
         self._mirror = History(window)  # the peer's, rebuilt from its counts
         self._unacked: deque[tuple[int, bytes]] = deque()  # (number, message) not yet counted by the peer
-        # Samples of the peer's messages since our frame began (see PROBE).
-        self._probes: deque[bytes] = deque(maxlen=MAX_PROBES)
+        # The samples of the peer's messages received since our frame began and not quoted in it
+        # yet (see RESTART_QUOTE).
+        self._quotable: deque[tuple[_Sample, ...]] = deque(maxlen=MAX_QUOTABLE)
         self.reset()
 
     def reset(self) -> None:
@@ -185,15 +250,18 @@ class HistoryContext:
         self._acked = 0  # of them, how many the peer said it received (sum of its counts)
         self._received_since_send = 0  # the count of our next message
         self._received_since_frame = 0  # the peer's messages since our frame began
-        self._probes.clear()
+        self._quotable.clear()
         self._frame_started = False  # we have started a frame since the reset
         self._acks_since_frame = 0  # the peer's counts since its frame began (this message's too)
         self._peer_frame_started = False
 
     def compress(self, data: bytes, prefix: bytes = b"") -> bytes:
         """``prefix`` + header + CRC-32 + zstd bytes of one message."""
+        quoted = [(entry, _quoted(entry, data)) for entry in self._quotable]
         primer = 0
-        if self._received_since_frame > 0 and any(probe in data for probe in self._probes):
+        # _received_since_frame > 0 is the wire's rule for a new frame (always true when something
+        # is quotable: entries are added on receipt and dropped when a frame starts).
+        if self._received_since_frame > 0 and sum(size for _, size in quoted) >= RESTART_QUOTE:
             primer = min(len(self._history), max(PREFIX_FLOOR, PREFIX_MULTIPLE * len(data)))
         new_frame = primer > 0
         cost = len(data) + _ENTRY_COST
@@ -208,7 +276,11 @@ class HistoryContext:
         if new_frame or not self._frame_started:
             self._frame_started = True
             self._received_since_frame = 0
-            self._probes.clear()
+            self._quotable.clear()
+        else:  # what this message quoted is in the current frame's window from now on
+            for entry, size in quoted:
+                if size:
+                    self._quotable.remove(entry)
         if not excluded:
             self._history.append(data)
             if data:  # an empty message adds nothing to any history: nothing to keep
@@ -255,10 +327,8 @@ class HistoryContext:
         if not excluded:
             self._mirror.append(out)
             self._history.append(out)
-            size = len(out)
-            if size >= PROBED_SIZE:
-                self._probes.append(out[size // 2 : size // 2 + PROBE])
-                self._probes.append(out[size * 3 // 4 : size * 3 // 4 + PROBE])
+            if len(out) >= PROBED_SIZE:
+                self._quotable.append(_samples(out))
         return out
 
     def retained_size(self) -> int:

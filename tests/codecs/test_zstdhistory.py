@@ -97,7 +97,7 @@ def _workload(name: str) -> list[tuple[str, bytes]]:
 
 def test_a_reply_quoted_in_the_next_request_is_not_paid_twice() -> None:
     """The multi-turn chat resends each reply inside the next request: with shared history the
-    request finds the reply in its prefix (CODECS.md section 8: 9.5 % -> 6.5 % of the bytes)."""
+    request finds the reply in its prefix (CODECS.md section 8: 9.5 % -> 6.9 % of the bytes)."""
     messages = _workload("multi_turn")
     per_direction = sum(len(p) for p in _frames(messages, shared=False))
     shared = sum(len(p) for p in _frames(messages, shared=True))
@@ -119,7 +119,7 @@ def test_wire_format_a_third_implementation_can_decode() -> None:
     request = b'{"messages":["what is in file_7.py?"]}'
     lines = "; ".join(f"line {i} reads key_{i * 37 % 101} from the configuration" for i in range(16))
     reply = b'{"answer":"file_7.py: ' + lines.encode() + b'"}'
-    assert len(reply) >= 512  # long enough to be sampled (PROBED_SIZE): quoting it starts a frame
+    assert len(reply) >= 512  # sampled (PROBED_SIZE), and quoting all of it (>= RESTART_QUOTE) starts a frame
     follow = b'{"messages":["what is in file_7.py?",' + reply + b',"and file_8.py?"]}'
     first = client.compress(request)
     assert first[0] == 0  # count 0, kept in the history, continues (starts) the first frame
@@ -200,3 +200,35 @@ def test_reset_on_both_ends_starts_over() -> None:
     b.reset()
     assert a.retained_size() == b.retained_size() == 0
     assert _talk(a, b, b"request 3 with some words") == b"request 3 with some words"
+
+
+def _text(seed: int, size: int) -> bytes:
+    """``size`` bytes of words that occur nowhere else (a quote of them can only be a quote)."""
+    rng = random.Random(seed)
+    return b" ".join(rng.choice(WORDS) + b"x%d" % seed for _ in range(size))[:size]
+
+
+def test_a_frame_restarts_only_for_a_large_fresh_quote() -> None:
+    """The sender's policy (CODECS.md section 8): a restart costs a fixed ~20 us, so a small quote
+    of the peer continues the frame (an agent loop's tool call); a quote of 512 bytes or more of the
+    peer's content not yet in the frame starts one; quoting it again later does not."""
+    client, server = HistoryContext(), HistoryContext()
+    _talk(client, server, b'{"messages":["start"]}')
+    first = _text(1, 2000)
+    assert _talk(server, client, first) == first
+    middle = len(first) // 2  # the sample from the middle, with less than 512 bytes around it
+    small = b'{"messages":["start","' + first[middle - 100 : middle + 200] + b'"]}'
+    payload = client.compress(small)
+    assert payload[0] & 1 == 0, "a 300-byte quote continues the frame"
+    assert server.decompress(payload, 1 << 20) == small
+    second = _text(2, 2000)
+    assert _talk(server, client, second) == second
+    large = b'{"messages":["start","' + second + b'"]}'
+    payload = client.compress(large)
+    assert payload[0] & 1 == 1, "a 2,000-byte quote of fresh peer content starts a frame"
+    assert server.decompress(payload, 1 << 20) == large
+    assert _talk(server, client, b"ok") == b"ok"  # a received message: a new frame is allowed again
+    again = large[:-2] + b',"ok"]}'
+    payload = client.compress(again)
+    assert payload[0] & 1 == 0, "what the frame quoted already is not fresh: no restart"
+    assert server.decompress(payload, 1 << 20) == again
