@@ -47,6 +47,12 @@ class Endpoint:
     port: int
     url: str
 
+    def with_port(self, port: int) -> str:
+        """The URL to reach this endpoint on ``port`` (a listener's, once bound to port 0);
+        an IPv6 host goes in brackets, as URLs write it."""
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{self.scheme}://{host}:{port}"
+
 
 class TransportModule(Protocol):
     async def open(self, endpoint: Endpoint, config: TransportConfig) -> Channel: ...

@@ -64,3 +64,10 @@ async def test_a_new_transport_is_one_registry_entry(memory_scheme: str) -> None
     assert len(seen) == 1 and isinstance(seen[0], MemoryChannel)
     with pytest.raises(m2mwire.TransportError, match="nothing listens"):
         await m2mwire.connect(server.url)
+
+
+def test_a_listener_url_brackets_an_ipv6_host() -> None:
+    from m2mwire.transport.registry import parse_url
+
+    assert parse_url("ws://[::1]:0").with_port(8765) == "ws://[::1]:8765"
+    assert parse_url("quic://127.0.0.1:0").with_port(4433) == "quic://127.0.0.1:4433"

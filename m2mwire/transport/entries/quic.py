@@ -58,8 +58,7 @@ class QuicListener:
 
     @property
     def url(self) -> str:
-        host = self._endpoint.host
-        return f"quic://{f'[{host}]' if ':' in host else host}:{self.port}"
+        return self._endpoint.with_port(self.port)
 
     async def start(self) -> None:
         options = self._config.options

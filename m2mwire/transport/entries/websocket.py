@@ -47,8 +47,7 @@ class WebSocketListener:
 
     @property
     def url(self) -> str:
-        host = self._endpoint.host
-        return f"{self._endpoint.scheme}://{f'[{host}]' if ':' in host else host}:{self.port}"
+        return self._endpoint.with_port(self.port)
 
     async def start(self) -> None:
         options = self._config.options
