@@ -24,10 +24,8 @@ fragment budget, the reply backlog) or a fast path.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any, cast
 
-import websockets.version
 from websockets.asyncio.client import ClientConnection
 from websockets.asyncio.connection import Connection
 from websockets.frames import Frame, Opcode
@@ -35,7 +33,7 @@ from websockets.protocol import Protocol
 from websockets.server import ServerProtocol
 from websockets.streams import StreamReader
 
-from m2mwire.errors import UnsupportedDependency
+from m2mwire.transport.pinned import Pinned
 
 __all__ = [
     "VERIFIED_MINOR",
@@ -54,23 +52,8 @@ __all__ = [
 # The websockets minor version this module was read against and the test suite run with; pyproject
 # pins the same range.
 VERIFIED_MINOR = (17, 4)
-_REQUIREMENT = (
-    f"websockets>={VERIFIED_MINOR[0]}.{VERIFIED_MINOR[1]},<{VERIFIED_MINOR[0]}.{VERIFIED_MINOR[1] + 1}"
-)
-
-
-def check_version(version: str) -> None:
-    """Raise UnsupportedDependency unless ``version`` (websockets') is of :data:`VERIFIED_MINOR`."""
-    try:
-        found = tuple(int(part) for part in version.split(".")[:2])
-    except ValueError:
-        found = ()
-    if found != VERIFIED_MINOR:
-        raise UnsupportedDependency(
-            f"m2mwire's WebSocket transport was verified against websockets "
-            f"{VERIFIED_MINOR[0]}.{VERIFIED_MINOR[1]}.x and uses some of its internals; found "
-            f"websockets {version}. Install a supported version: pip install '{_REQUIREMENT}'"
-        )
+PIN = Pinned("websockets", VERIFIED_MINOR, "WebSocket")
+check_version = PIN.check_version
 
 
 def required_attributes() -> list[tuple[str, object, tuple[str, ...]]]:
@@ -96,19 +79,10 @@ def required_attributes() -> list[tuple[str, object, tuple[str, ...]]]:
     ]
 
 
-def check_attributes(required: Iterable[tuple[str, object, tuple[str, ...]]]) -> None:
-    """Raise UnsupportedDependency naming every missing attribute (see :func:`required_attributes`)."""
-    missing = [f"{what}.{name}" for what, obj, names in required for name in names if not hasattr(obj, name)]
-    if missing:
-        raise UnsupportedDependency(
-            f"the installed websockets {websockets.version.version} lacks {', '.join(missing)}, which "
-            f"m2mwire's WebSocket transport relies on (verified against websockets "
-            f"{VERIFIED_MINOR[0]}.{VERIFIED_MINOR[1]}.x). Install a supported version: "
-            f"pip install '{_REQUIREMENT}'"
-        )
+check_attributes = PIN.check_attributes
 
 
-check_version(websockets.version.version)
+check_version()
 check_attributes(required_attributes())
 
 # Enum member reads cost ~0.12 us on Python 3.11: this runs for every frame.

@@ -12,35 +12,17 @@ another version, or with one of those fields missing, raises
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterable
-from importlib.metadata import version as _installed_version
 
 from nats.aio.client import Client
 from nats.protocol.command import pub_cmd
 
-from m2mwire.errors import UnsupportedDependency
+from m2mwire.transport.pinned import Pinned
 
 __all__ = ["VERIFIED_MINOR", "check_attributes", "check_version", "publish_now", "required_attributes"]
 
 VERIFIED_MINOR = (2, 16)
-_VERIFIED = f"{VERIFIED_MINOR[0]}.{VERIFIED_MINOR[1]}.x"
-_REQUIREMENT = (
-    f"nats-py>={VERIFIED_MINOR[0]}.{VERIFIED_MINOR[1]},<{VERIFIED_MINOR[0]}.{VERIFIED_MINOR[1] + 1}"
-)
-
-
-def check_version(version: str) -> None:
-    """Raise UnsupportedDependency unless ``version`` (nats-py's) is of :data:`VERIFIED_MINOR`."""
-    try:
-        found = tuple(int(part) for part in version.split(".")[:2])
-    except ValueError:
-        found = ()
-    if found != VERIFIED_MINOR:
-        raise UnsupportedDependency(
-            f"m2mwire's NATS transport was verified against nats-py {_VERIFIED} "
-            f"and uses some of its internals; found nats-py {version}. Install a supported version: "
-            f"pip install '{_REQUIREMENT}'"
-        )
+PIN = Pinned("nats-py", VERIFIED_MINOR, "NATS")
+check_version = PIN.check_version
 
 
 def required_attributes() -> list[tuple[str, object, tuple[str, ...]]]:
@@ -55,18 +37,10 @@ def required_attributes() -> list[tuple[str, object, tuple[str, ...]]]:
     ]
 
 
-def check_attributes(required: Iterable[tuple[str, object, tuple[str, ...]]]) -> None:
-    """Raise UnsupportedDependency naming every missing attribute (see :func:`required_attributes`)."""
-    missing = [f"{what}.{name}" for what, obj, names in required for name in names if not hasattr(obj, name)]
-    if missing:
-        raise UnsupportedDependency(
-            f"the installed nats-py {_installed_version('nats-py')} lacks {', '.join(missing)}, which "
-            f"m2mwire's NATS transport relies on (verified against nats-py {_VERIFIED}). "
-            f"Install a supported version: pip install '{_REQUIREMENT}'"
-        )
+check_attributes = PIN.check_attributes
 
 
-check_version(_installed_version("nats-py"))
+check_version()
 check_attributes(required_attributes())
 
 

@@ -42,6 +42,8 @@ from aioquic.quic.recovery import QuicPacketSpace
 from aioquic.quic.stream import QuicStream
 from cryptography.x509 import Certificate
 
+from m2mwire.transport.pinned import Pinned
+
 __all__ = [
     "VERIFIED_MINOR",
     "FlowControlledConnection",
@@ -65,22 +67,10 @@ __all__ = [
 ]
 
 VERIFIED_MINOR = (1, 7)
-
-
-def check_version(version: str) -> None:
-    """Raise ImportError unless ``version`` is an aioquic release of :data:`VERIFIED_MINOR`."""
-    try:
-        found = tuple(int(part) for part in version.split(".")[:2])
-    except ValueError:
-        found = ()
-    if found != VERIFIED_MINOR:
-        major, minor = VERIFIED_MINOR
-        raise ImportError(
-            f"m2mwire's QUIC transport relies on aioquic internals verified against aioquic "
-            f"{major}.{minor}.x, but aioquic {version} is installed: install "
-            f'"aioquic>={major}.{minor},<{major}.{minor + 1}" (pip install "aioquic>={major}.{minor},'
-            f'<{major}.{minor + 1}"), or use the WebSocket transport (ws:// or wss:// URLs)'
-        )
+PIN = Pinned(
+    "aioquic", VERIFIED_MINOR, "QUIC", alternative=", or use the WebSocket transport (ws:// or wss:// URLs)"
+)
+check_version = PIN.check_version
 
 
 check_version(aioquic.__version__)
