@@ -9,6 +9,7 @@ from typing import Any
 from m2mwire.codecs.limits import MiB
 from m2mwire.transport import tls
 from m2mwire.transport.base import Channel, ChannelHandler, TransportConfig
+from m2mwire.transport.entries.listener import SocketListener
 from m2mwire.transport.quic import (
     QuicClientConnection,
     QuicServer,
@@ -45,20 +46,8 @@ def listen(handler: ChannelHandler, endpoint: Endpoint, config: TransportConfig)
     return QuicListener(handler, endpoint, config)
 
 
-class QuicListener:
+class QuicListener(SocketListener[QuicServer]):
     """A QUIC server (see m2mwire.transport.base.Listener); ``server`` once started."""
-
-    def __init__(self, handler: ChannelHandler, endpoint: Endpoint, config: TransportConfig) -> None:
-        self._handler = handler
-        self._endpoint = endpoint
-        self._config = config
-        self.server: QuicServer | None = None
-        self.port = endpoint.port
-        self.fingerprint: str | None = None
-
-    @property
-    def url(self) -> str:
-        return self._endpoint.with_port(self.port)
 
     async def start(self) -> None:
         options = self._config.options
@@ -75,14 +64,6 @@ class QuicListener:
         )
         self.port = self.server.port
         self.fingerprint = self.server.fingerprint
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-
-    async def wait_closed(self) -> None:
-        if self.server is not None:
-            await self.server.wait_closed()
 
 
 async def open_quic_connection(url: str, **options: Any) -> QuicClientConnection:

@@ -7,6 +7,7 @@ from typing import Any
 from websockets.asyncio.server import Server
 
 from m2mwire.transport.base import Channel, ChannelHandler, TransportConfig
+from m2mwire.transport.entries.listener import SocketListener
 from m2mwire.transport.registry import Endpoint
 from m2mwire.transport.websocket import connect_websocket, serve_websocket
 
@@ -34,20 +35,8 @@ def listen(handler: ChannelHandler, endpoint: Endpoint, config: TransportConfig)
     return WebSocketListener(handler, endpoint, config)
 
 
-class WebSocketListener:
+class WebSocketListener(SocketListener[Server]):
     """A websockets server (see m2mwire.transport.base.Listener); ``server`` once started."""
-
-    def __init__(self, handler: ChannelHandler, endpoint: Endpoint, config: TransportConfig) -> None:
-        self._handler = handler
-        self._endpoint = endpoint
-        self._config = config
-        self.server: Server | None = None
-        self.port = endpoint.port
-        self.fingerprint: str | None = None
-
-    @property
-    def url(self) -> str:
-        return self._endpoint.with_port(self.port)
 
     async def start(self) -> None:
         options = self._config.options
@@ -66,11 +55,3 @@ class WebSocketListener:
             **extra,
         )
         self.port = self.server.sockets[0].getsockname()[1]
-
-    def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-
-    async def wait_closed(self) -> None:
-        if self.server is not None:
-            await self.server.wait_closed()
