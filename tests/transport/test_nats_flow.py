@@ -32,7 +32,7 @@ def test_sender_waits_for_credit_and_releases_what_was_acknowledged() -> None:
         s.retain(s.take(cost), b"x" * cost)
     assert not s.has_credit(1) and s.retained_bytes == 300
     assert s.on_credit(2, 500)  # seq 1 and 2 acknowledged, 200 more allowed
-    assert [seq for seq, _ in s.unacked] == [3] and s.retained_bytes == 100
+    assert [seq for seq, _, _ in s.unacked] == [3] and s.retained_bytes == 100
     assert s.has_credit(200) and not s.has_credit(201)
     assert not s.on_credit(3, 400)  # an older, lower limit never shrinks the window
 

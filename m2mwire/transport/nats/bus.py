@@ -1,8 +1,9 @@
 """One shared NATS connection per process (per event loop and option set), and message routing.
 
 Every session of a process uses the same nats-py connection; each process subscribes once to a
-wildcard under a random prefix of its own and routes incoming messages to channels by subject, in
-the nats-py callback (no task per session, no queue per session).
+wildcard under a random prefix of its own and routes incoming messages to channels by subject,
+straight from nats-py's read loop (``compat.route_directly``: no task or queue per session, nor the
+subscription's own queue and task); only status answers (no responders) take nats-py's callback.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
 from m2mwire.errors import TransportError
+from m2mwire.transport.nats import compat
 from m2mwire.transport.nats.options import NatsTarget, nats_connect_kwargs
 
 __all__ = ["Bus", "Routed", "acquire_bus"]
@@ -32,7 +34,7 @@ _NO_RESPONDERS = "503"
 class Routed(Protocol):
     """What the bus routes messages to (a channel)."""
 
-    def on_nats(self, data: bytes) -> None: ...
+    def on_nats(self, data: bytes | bytearray) -> None: ...
 
     def on_no_responders(self) -> None: ...
 
@@ -47,6 +49,7 @@ class Bus:
     def __init__(self, key: tuple[Any, ...]) -> None:
         self.key = key
         self.nc: Client = Client()
+        compat.install_parser(self.nc)
         self.routes: dict[str, Routed] = {}
         self.users = 0
         self.prefixes: dict[str, Subscription] = {}
@@ -80,11 +83,21 @@ class Bus:
             return
         # pending limits off: the credit windows bound what waits here, and nats-py would drop
         # messages (slow consumer) at its own limits instead of letting us push back.
-        self.prefixes[prefix] = await self.nc.subscribe(
+        sub = await self.nc.subscribe(
             f"{prefix}.*", cb=self._dispatch, pending_msgs_limit=0, pending_bytes_limit=0
         )
+        # Nobody knows a subject under the prefix yet (a channel's subject is told to its peer
+        # only after this returns), so every message of a channel takes the direct route.
+        compat.route_directly(self.nc, sub, self._route)
+        self.prefixes[prefix] = sub
+
+    def _route(self, subject: bytes, data: bytes | bytearray) -> None:
+        target = self.routes.get(subject.decode())
+        if target is not None:  # else a session that has ended (see _dispatch)
+            target.on_nats(data)
 
     async def _dispatch(self, msg: Msg) -> None:
+        """nats-py's callback: the status answers (with headers), and nothing else."""
         target = self.routes.get(msg.subject)
         if target is None:
             return  # a session that has ended; its peer learns it from CLOSE/ABORT or liveness

@@ -67,7 +67,7 @@ class NatsChannel:
         self._sender = Sender(0)
         self._chunk = 0
         self._early: deque[Message] = deque()  # whole messages for recv(), before start_push
-        self._held: deque[bytes] = deque()  # in-order NATS messages not processed yet (paused)
+        self._held: deque[bytes | bytearray] = deque()  # in-order NATS messages not processed yet (paused)
         self._paused = False
         self._pull_full = False
         self._draining = False
@@ -79,8 +79,7 @@ class NatsChannel:
         self._send_lock = asyncio.Lock()
         self._resend = False  # everything unacknowledged must go out again (reconnect, gap)
         self._resync_at = -math.inf
-        self._parts: list[bytes] | None = None  # a message being reassembled
-        self._parts_size = 0
+        self._parts: bytearray | None = None  # a message being reassembled
         self._parts_total = 0
         self._parts_text = False
         self._probe_interval = probe_interval
@@ -128,12 +127,12 @@ class NatsChannel:
         if view.nbytes > self._chunk or not sender.has_credit(cost):
             return False
         seq = sender.next_seq
-        payload = b"".join((f.HEADER.pack(whole, seq), view))
-        if not compat.publish_now(self._nc, self._out, payload):
+        head = f.HEADER.pack(whole, seq)
+        if not compat.publish_now(self._nc, self._out, head, view):
             return False
         taken = sender.take(cost)
         assert taken == seq
-        sender.retain(seq, payload)
+        sender.retain(seq, head, view)
         return True
 
     async def send(self, message: OutgoingMessage) -> None:
@@ -174,7 +173,7 @@ class NatsChannel:
                     seq = await self._wait_credit(_CLOSE_COST)
                     payload = f.pack_close(f.CLOSE, seq, code, reason)
                     self._sender.retain(seq, payload)
-                    await self._publish(payload)
+                    await self._publish(payload, b"")
         finally:
             self._fail(
                 TransportError(
@@ -211,7 +210,8 @@ class NatsChannel:
 
     # -- from the bus -----------------------------------------------------------------------------
 
-    def on_nats(self, data: bytes) -> None:
+    def on_nats(self, data: bytes | bytearray) -> None:
+        """One NATS message of this channel; a bytearray is handed over (the caller keeps none)."""
         if self.lost is not None or not data:
             return
         self._heard = self._loop.time()
@@ -290,11 +290,12 @@ class NatsChannel:
         finally:
             self._draining = False
 
-    def _process(self, data: bytes) -> None:
+    def _process(self, data: bytes | bytearray) -> None:
         kind = data[0]
+        size = len(data)
         try:
             if kind == f.TEXT or kind == f.BINARY:
-                self._deliver(data[_HEAD:], kind == f.TEXT)
+                self._deliver(memoryview(data)[_HEAD:], kind == f.TEXT)
             elif kind == f.TEXT_FIRST or kind == f.BINARY_FIRST:
                 total = f.TOTAL.unpack_from(data, _HEAD)[0]
                 if self._parts is not None:
@@ -308,14 +309,19 @@ class NatsChannel:
                         code=1009,
                     )
                     return
-                self._parts, self._parts_total = [data[_FIRST_HEAD:]], total
-                self._parts_size, self._parts_text = len(data) - _FIRST_HEAD, kind == f.TEXT_FIRST
+                if isinstance(data, bytearray):
+                    # Handed over to us (see compat.DirectParser): the message is assembled in
+                    # place, after the header (deleting a bytearray's head copies nothing).
+                    del data[:_FIRST_HEAD]
+                    parts = data
+                else:
+                    parts = bytearray(memoryview(data)[_FIRST_HEAD:])
+                self._parts, self._parts_total, self._parts_text = parts, total, kind == f.TEXT_FIRST
                 self._check_parts()
             elif kind == f.CONT:
                 if self._parts is None:
                     raise ValueError("a continuation without a first chunk")
-                self._parts.append(data[_HEAD:])
-                self._parts_size += len(data) - _HEAD
+                self._parts += memoryview(data)[_HEAD:]
                 self._check_parts()
             else:  # CLOSE: the peer's last word, after everything it sent before
                 code, reason = f.unpack_close(data)
@@ -335,21 +341,23 @@ class NatsChannel:
         except UnicodeDecodeError as exc:
             self._protocol_error(f"invalid UTF-8 in a text message at position {exc.start}", code=1007)
             return
-        limit = self._receiver.consume(len(data) + f.MESSAGE_COST)
+        limit = self._receiver.consume(size + f.MESSAGE_COST)
         if limit is not None and self._out and self.lost is None:
             self._bus.publish_soon(self._out, f.pack_credit(self._receiver.last_in_order, limit))
 
     def _check_parts(self) -> None:
-        if self._parts_size < self._parts_total:
-            return
-        if self._parts_size > self._parts_total:
-            raise ValueError("chunks add up to more than the announced size")
-        parts, self._parts = self._parts, None
+        parts = self._parts
         assert parts is not None
-        self._deliver(b"".join(parts), self._parts_text)
+        if len(parts) < self._parts_total:
+            return
+        if len(parts) > self._parts_total:
+            raise ValueError("chunks add up to more than the announced size")
+        self._parts = None
+        self._deliver(parts, self._parts_text)
 
-    def _deliver(self, body: bytes, text: bool) -> None:
-        message: Message = body.decode() if text else body
+    def _deliver(self, body: memoryview | bytearray, text: bool) -> None:
+        # One copy: decoded straight from the NATS payload or the reassembled chunks.
+        message: Message = str(body, "utf-8") if text else bytes(body)
         if self._on_message is not None:
             self._on_message(message)
             return
@@ -378,9 +386,9 @@ class NatsChannel:
     async def _send_sequenced(self, kind: int, body: memoryview, prefix: bytes = b"") -> None:
         size = _HEAD + len(prefix) + body.nbytes
         seq = await self._wait_credit(size + f.MESSAGE_COST)
-        payload = b"".join((f.HEADER.pack(kind, seq), prefix, body))
-        self._sender.retain(seq, payload)
-        await self._publish(payload)
+        head = f.HEADER.pack(kind, seq) + prefix
+        self._sender.retain(seq, head, body)
+        await self._publish(head, body)
 
     async def _wait_credit(self, cost: int) -> int:
         """Wait until the peer's credit covers ``cost``; returns the message's sequence number.
@@ -397,9 +405,11 @@ class NatsChannel:
             self._credit_waiter = self._loop.create_future()
             await self._credit_waiter
 
-    async def _publish(self, payload: bytes) -> None:
+    async def _publish(self, head: bytes, body: bytes | memoryview) -> None:
+        if compat.publish_now(self._nc, self._out, head, body):
+            return  # queued without waiting; else publish() waits for room, or fails
         try:
-            await self._nc.publish(self._out, payload)
+            await self._nc.publish(self._out, b"".join((head, body)))
         except OutboundBufferLimitError:
             # Reconnecting and nats-py's buffer is full: the message is retained, and goes out
             # again with everything unacknowledged once the connection is back.
@@ -428,8 +438,8 @@ class NatsChannel:
 
     async def _resend_unacked(self) -> None:
         self._resend = False
-        for _, payload in list(self._sender.unacked):
-            await self._publish(payload)
+        for _, head, body in list(self._sender.unacked):
+            await self._publish(head, body)
             if self.lost is not None:
                 return
 
@@ -497,7 +507,10 @@ def _body(message: OutgoingMessage) -> tuple[memoryview, int, int]:
         else:
             body = message[0] if len(message) == 1 else b"".join(message)
         whole, first = f.BINARY, f.BINARY_FIRST
-    return memoryview(body).cast("B"), whole, first
+    view = memoryview(body).cast("B")
+    # The view is queued and retained by reference until acknowledged (see compat.publish_now):
+    # a buffer the caller may change later is copied once here.
+    return (view if view.readonly else memoryview(view.tobytes())), whole, first
 
 
 _tasks: set[asyncio.Task[None]] = set()

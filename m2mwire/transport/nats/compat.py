@@ -1,28 +1,86 @@
 """The nats-py internals the NATS transport relies on, in one place, checked at import.
 
-nats-py's ``publish()`` is a coroutine, although for a connected client with room in its pending
-buffer it never waits: it appends the PUB command to the buffer and wakes the flusher task. The
-channel's ``send_now`` (the transport contract's synchronous write, see ``transport.base``) needs
-exactly that step without the coroutine, and :func:`publish_now` does it with the same private
-fields ``publish()`` uses, read against nats-py :data:`VERIFIED_MINOR`. Importing this module with
-another version, or with one of those fields missing, raises
+Three things here reach past nats-py's public API, each read against nats-py :data:`VERIFIED_MINOR`.
+Importing this module with another version, or with one of the fields used missing, raises
 :class:`m2mwire.errors.UnsupportedDependency` naming the supported versions.
+
+- :func:`publish_now`: nats-py's ``publish()`` is a coroutine, although for a connected client with
+  room in its pending buffer it never waits: it appends the PUB command to the buffer and wakes the
+  flusher task. The channel's ``send_now`` (the transport contract's synchronous write, see
+  ``transport.base``) needs exactly that step without the coroutine. It also takes the payload in
+  two parts (our header, the message body) and queues them as they are: ``publish()`` would copy
+  the payload twice building the command, and the flusher joins the buffer into one write anyway.
+- :class:`DirectParser` (installed by :func:`install_parser`): nats-py's protocol parser with two
+  changes. Messages of a subscription registered with :func:`route_directly` go to a plain
+  function at once, from the read loop, instead of through a ``Msg``, the subscription's queue and
+  its task (one event-loop turn per batch, and the task's await per message); and a large payload
+  that spans several socket reads is read straight into a buffer of its own, which the function
+  receives (nats-py copies it three times). Everything else is parsed and dispatched as nats-py does.
+- :data:`READ_SIZE`: nats-py reads its socket through an ``asyncio.StreamReader`` whose limit and
+  read size are the module constant ``DEFAULT_BUFFER_SIZE`` (32 KiB): the reader stops reading the
+  socket at 64 KiB buffered, so a 1 MiB message took 32 reads and 16 pauses and resumes of the
+  socket. We raise that constant, before any connection is made; a larger read returns what is
+  there, so other nats-py clients of the process only read in larger pieces too.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+from collections.abc import Callable
+from typing import cast
 
+import nats.aio.client as nats_client
 from nats.aio.client import Client
-from nats.protocol.command import pub_cmd
+from nats.aio.subscription import Subscription
+from nats.errors import ProtocolError
+from nats.protocol import parser as nats_parser
+from nats.protocol.parser import (
+    AWAITING_CONTROL_LINE,
+    AWAITING_MSG_PAYLOAD,
+    CRLF_SIZE,
+    ERR_RE,
+    HMSG_RE,
+    INFO_RE,
+    MAX_CONTROL_LINE_SIZE,
+    MSG_RE,
+    OK_RE,
+    PING_RE,
+    PONG_RE,
+    Parser,
+)
 
 from m2mwire.transport.pinned import Pinned
 
-__all__ = ["VERIFIED_MINOR", "check_attributes", "check_version", "publish_now", "required_attributes"]
+__all__ = [
+    "BIG_PAYLOAD",
+    "READ_SIZE",
+    "VERIFIED_MINOR",
+    "DirectParser",
+    "Route",
+    "check_attributes",
+    "check_version",
+    "install_parser",
+    "publish_now",
+    "required_attributes",
+    "route_directly",
+]
+
+log = logging.getLogger("m2mwire.nats")
 
 VERIFIED_MINOR = (2, 16)
 PIN = Pinned("nats-py", VERIFIED_MINOR, "NATS")
 check_version = PIN.check_version
+
+# One read of the socket (and the StreamReader's limit: it buffers up to twice this before it
+# pauses the socket). The sessions' credit windows bound what a peer sends us, not this.
+READ_SIZE = 1024 * 1024
+# A payload at least this large that has not fully arrived goes into a buffer of its own.
+BIG_PAYLOAD = 64 * 1024
+
+# (subject, payload): a routed message; a bytearray payload is handed over (nobody else holds it).
+Route = Callable[[bytes, bytes | bytearray], None]
 
 
 def required_attributes() -> list[tuple[str, object, tuple[str, ...]]]:
@@ -31,9 +89,35 @@ def required_attributes() -> list[tuple[str, object, tuple[str, ...]]]:
         (
             "a nats.aio.client.Client",
             Client(),
-            ("_pending", "_pending_data_size", "_max_pending_size", "_flush_queue", "_flusher_task", "stats"),
+            (
+                "_pending",
+                "_pending_data_size",
+                "_max_pending_size",
+                "_flush_queue",
+                "_flusher_task",
+                "stats",
+                "_ps",
+                "_subs",
+            ),
         ),
-        ("nats.aio.client.Client", Client, ("is_connected", "is_draining_pubs", "max_payload")),
+        (
+            "nats.aio.client.Client",
+            Client,
+            (
+                "is_connected",
+                "is_draining_pubs",
+                "max_payload",
+                "_process_msg",
+                "_process_err",
+                "_process_ping",
+                "_process_pong",
+                "_process_info",
+            ),
+        ),
+        ("nats.aio.client", nats_client, ("DEFAULT_BUFFER_SIZE",)),
+        ("a nats.aio.subscription.Subscription", Subscription(None), ("_id",)),
+        ("a nats.protocol.parser.Parser", Parser(), ("buf", "state", "needed", "header_needed", "msg_arg")),
+        ("nats.protocol.parser", nats_parser, ("MSG_RE", "HMSG_RE", "CRLF_SIZE")),
     ]
 
 
@@ -42,31 +126,206 @@ check_attributes = PIN.check_attributes
 
 check_version()
 check_attributes(required_attributes())
+nats_client.DEFAULT_BUFFER_SIZE = max(nats_client.DEFAULT_BUFFER_SIZE, READ_SIZE)
 
 
-def publish_now(nc: Client, subject: str, payload: bytes) -> bool:
-    """Queue ``payload`` on ``subject`` as ``nc.publish()`` would, or return False and queue nothing.
+def publish_now(nc: Client, subject: str, head: bytes, body: bytes | memoryview = b"") -> bool:
+    """Queue ``head + body`` on ``subject`` as ``nc.publish()`` would, or return False and queue nothing.
 
     False where ``publish()`` could wait or fail: not connected (reconnecting), draining, the
     flusher gone, or the pending buffer too full to take the command without a forced flush.
     The subject is the caller's own (never user input), so nats-py's subject check is skipped;
-    ``payload`` must be within the server's max_payload (the channel's chunk size is).
+    the payload must be within the server's max_payload (the channel's chunk size is). ``body`` is
+    queued by reference: it must not change until sent (the channel passes immutable bytes).
     """
     if not nc.is_connected or nc.is_draining_pubs:
         return False
     flusher, queue = nc._flusher_task, nc._flush_queue
     if flusher is None or flusher.done() or queue is None:
         return False
-    command = pub_cmd(subject, "", payload)
-    size = len(command)
+    payload_size = len(head) + len(body)
+    line = f"PUB {subject}  {payload_size}\r\n".encode()  # what nats-py's pub_cmd writes
+    size = len(line) + payload_size + CRLF_SIZE
     limit = nc._max_pending_size
     if limit > 0 and nc._pending_data_size + size > limit:
         return False  # publish() would force a flush and wait for it
-    nc._pending.append(command)
+    # The flusher hands the list to the transport's writelines(), which takes any bytes-like
+    # object: a memoryview body is written without a copy of its own.
+    pending = cast("list[bytes | memoryview]", nc._pending)
+    if body:
+        pending.extend((line + head, body, b"\r\n"))
+    else:
+        pending.append(line + head + b"\r\n")
     nc._pending_data_size += size
     stats = nc.stats
     stats["out_msgs"] += 1
-    stats["out_bytes"] += len(payload)
+    stats["out_bytes"] += payload_size
     if queue.empty():  # publish() kicks the flusher the same way (its queue holds wake-ups)
         queue.put_nowait(asyncio.get_running_loop().create_future())
     return True
+
+
+def install_parser(nc: Client) -> DirectParser:
+    """Give a new (not yet connected) client the :class:`DirectParser`."""
+    parser = DirectParser(nc)
+    nc._ps = parser
+    return parser
+
+
+def route_directly(nc: Client, sub: Subscription, route: Route) -> None:
+    """Hand the messages of ``sub`` (a subscription of ``nc``) to ``route`` from the read loop (see
+    :class:`DirectParser`). Messages with headers (status answers) still go to its callback.
+
+    Register right after subscribing, before anyone is told the subject: a message delivered
+    through the subscription's queue before it would otherwise be overtaken by later ones.
+    """
+    parser = nc._ps
+    if not isinstance(parser, DirectParser):
+        raise TypeError("route_directly needs a client set up with install_parser()")
+    parser.direct[sub._id] = route
+
+
+class DirectParser(Parser):
+    """nats-py's :class:`~nats.protocol.parser.Parser`, with direct routes and big payloads.
+
+    The control lines are matched with nats-py's own patterns and handed to the same client
+    methods in the same order; ``tests/transport/test_nats_compat.py`` feeds one byte stream, cut
+    at random places, to both parsers and compares what comes out.
+    """
+
+    def __init__(self, nc: Client | None = None) -> None:
+        self.direct: dict[int, Route] = {}  # survives reset(): sids keep their number on reconnect
+        self._big: bytearray | None = None  # the payload being read into a buffer of its own
+        self._filled = 0
+        super().__init__(nc)
+
+    def reset(self) -> None:
+        super().reset()
+        self._big = None
+        self._filled = 0
+
+    async def parse(self, data: bytes = b"") -> None:
+        if self._big is not None:
+            rest = await self._fill(data)
+            if not rest:
+                return
+            self.buf.extend(rest)
+        else:
+            self.buf.extend(data)
+        buf = self.buf
+        nc = self.nc
+        while buf:
+            if self.state == AWAITING_CONTROL_LINE:
+                msg = MSG_RE.match(buf)
+                if msg:
+                    self._start_payload(msg.groups(), False)
+                    del buf[: msg.end()]
+                    if self.needed >= BIG_PAYLOAD and len(buf) < self.needed + CRLF_SIZE:
+                        # The rest arrives over further reads: collect it in its own buffer
+                        # (one copy) rather than in ``buf`` and out of it again.
+                        self._big = big = bytearray(self.needed + CRLF_SIZE)
+                        self._filled = len(buf)
+                        big[: len(buf)] = buf
+                        buf.clear()
+                        return
+                    continue
+                msg = HMSG_RE.match(buf)
+                if msg:
+                    self._start_payload(msg.groups(), True)
+                    del buf[: msg.end()]
+                    continue
+                ok = OK_RE.match(buf)
+                if ok:
+                    del buf[: ok.end()]
+                    continue
+                err = ERR_RE.match(buf)
+                if err:
+                    emsg = err.groups()[0].decode().lower()
+                    await nc._process_err(emsg)
+                    del buf[: err.end()]
+                    continue
+                ping = PING_RE.match(buf)
+                if ping:
+                    del buf[: ping.end()]
+                    await nc._process_ping()
+                    continue
+                pong = PONG_RE.match(buf)
+                if pong:
+                    del buf[: pong.end()]
+                    await nc._process_pong()
+                    continue
+                info = INFO_RE.match(buf)
+                if info:
+                    srv_info = json.loads(info.groups()[0].decode())
+                    await nc._process_info(srv_info)
+                    del buf[: info.end()]
+                    continue
+                if len(buf) < MAX_CONTROL_LINE_SIZE and b"\r\n" in buf:
+                    raise ProtocolError("nats: unknown protocol")
+                break  # a control line split across reads
+            # AWAITING_MSG_PAYLOAD
+            needed = self.needed
+            if len(buf) < needed + CRLF_SIZE:
+                break
+            hdr: bytes | None = None
+            with memoryview(buf) as view:  # one copy out of ``buf`` (nats-py makes two)
+                if self.header_needed > 0:
+                    hdr = view[: self.header_needed].tobytes()
+                    payload = view[self.header_needed : needed].tobytes()
+                    self.header_needed = 0
+                else:
+                    payload = view[:needed].tobytes()
+            del buf[: needed + CRLF_SIZE]
+            self.state = AWAITING_CONTROL_LINE
+            await self._dispatch(payload, hdr)
+
+    def _start_payload(self, groups: tuple[bytes, ...], headers: bool) -> None:
+        try:
+            if headers:
+                subject, sid, _, reply, header_size, needed = groups
+                self.header_needed = int(header_size)
+            else:
+                subject, sid, _, reply, needed = groups
+            self.msg_arg["subject"] = subject
+            self.msg_arg["sid"] = int(sid)
+            self.msg_arg["reply"] = reply or b""
+            self.needed = int(needed)
+        except Exception as exc:
+            raise ProtocolError("nats: malformed MSG") from exc
+        self.state = AWAITING_MSG_PAYLOAD
+
+    async def _fill(self, data: bytes) -> bytes | memoryview:
+        """Copy ``data`` into the big payload; return what follows it (nothing if incomplete)."""
+        big = self._big
+        assert big is not None
+        filled = self._filled
+        take = min(len(big) - filled, len(data))
+        view = memoryview(data)  # of immutable bytes: no release needed, slices are free
+        big[filled : filled + take] = view[:take]
+        rest = view[take:]
+        self._filled = filled = filled + take
+        if filled < len(big):
+            return b""
+        self._big = None
+        del big[-CRLF_SIZE:]
+        self.state = AWAITING_CONTROL_LINE
+        await self._dispatch(big, None)
+        return rest
+
+    async def _dispatch(self, payload: bytes | bytearray, hdr: bytes | None) -> None:
+        args = self.msg_arg
+        sid = args["sid"]
+        nc = self.nc
+        route = self.direct.get(sid)
+        if route is not None and hdr is None and sid in nc._subs:
+            stats = nc.stats
+            stats["in_msgs"] += 1
+            stats["in_bytes"] += len(payload)
+            try:
+                route(args["subject"], payload)
+            except Exception:  # as nats-py's subscription task does: the read loop goes on
+                log.exception("routing a NATS message on %r failed", args["subject"])
+            return
+        if not isinstance(payload, bytes):
+            payload = bytes(payload)
+        await nc._process_msg(sid, args["subject"], args["reply"], payload, hdr)

@@ -27,7 +27,8 @@ class Sender:
         self.limit = initial_limit  # total cost we may have sent
         self.sent = 0  # total cost sent so far
         self.next_seq = 1
-        self.unacked: deque[tuple[int, bytes]] = deque()  # (seq, payload) kept for a resend
+        # (seq, head, body) kept for a resend: the NATS payload is head + body (body immutable)
+        self.unacked: deque[tuple[int, bytes, bytes | memoryview]] = deque()
         self.retained_bytes = 0
 
     def has_credit(self, cost: int) -> bool:
@@ -40,15 +41,16 @@ class Sender:
         self.next_seq += 1
         return seq
 
-    def retain(self, seq: int, payload: bytes) -> None:
-        self.unacked.append((seq, payload))
-        self.retained_bytes += len(payload)
+    def retain(self, seq: int, head: bytes, body: bytes | memoryview = b"") -> None:
+        self.unacked.append((seq, head, body))
+        self.retained_bytes += len(head) + len(body)
 
     def on_credit(self, ack: int, limit: int) -> bool:
         """Apply a CREDIT; True when the limit grew (a waiting sender may go on)."""
         unacked = self.unacked
         while unacked and unacked[0][0] <= ack:
-            self.retained_bytes -= len(unacked.popleft()[1])
+            _, head, body = unacked.popleft()
+            self.retained_bytes -= len(head) + len(body)
         if limit > self.limit:
             self.limit = limit
             return True

@@ -54,7 +54,7 @@ def pack_credit(ack: int, limit: int, flags: int = 0) -> bytes:
     return _CREDIT.pack(CREDIT, ack, limit, flags)
 
 
-def unpack_credit(data: bytes) -> tuple[int, int, int]:
+def unpack_credit(data: bytes | bytearray) -> tuple[int, int, int]:
     """(ack, limit, flags) of a CREDIT message; struct.error when it is too short."""
     _, ack, limit, flags = _CREDIT.unpack_from(data)
     return ack, limit, flags
@@ -64,6 +64,6 @@ def pack_close(kind: int, seq: int, code: int, reason: str) -> bytes:
     return _CLOSE.pack(kind, seq, code) + reason.encode()[:512]
 
 
-def unpack_close(data: bytes) -> tuple[int, str]:
+def unpack_close(data: bytes | bytearray) -> tuple[int, str]:
     _, _, code = _CLOSE.unpack_from(data)
     return code, data[_CLOSE.size :].decode(errors="replace")
