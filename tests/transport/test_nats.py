@@ -306,3 +306,44 @@ async def test_send_now_writes_within_credit_and_pending_buffer_and_declines_oth
         finished.set()
         listener.close()
         await listener.wait_closed()
+
+
+async def test_a_buffer_changed_after_sending_arrives_as_it_was_sent(nats_server: LocalNatsServer) -> None:
+    """The channel queues and retains a message's bytes by reference until acknowledged (no copy
+    for bytes and str); a buffer the caller may change later (bytearray, a writable view) is
+    copied once, so what arrives, and what a resend would send, is what was sent."""
+    received: list[bytes | str] = []
+    started, finished = asyncio.Event(), asyncio.Event()
+
+    async def handler(channel: NatsChannel) -> None:
+        channel.start_push(received.append, lambda _err: None)
+        started.set()
+        await asyncio.wait_for(finished.wait(), 30)
+
+    listener = await serve_nats(handler, service(nats_server), max_message_size=1 << 24, options={})
+    try:
+        client = await open_nats_channel(listener.url, max_message_size=1 << 24, options={})
+        await asyncio.wait_for(started.wait(), 10)
+        small = bytearray(b"a" * 1000)
+        big = bytearray(b"b" * (client._chunk + 5000))  # chunked: send() rather than send_now()
+        assert client.send_now(small)
+        small[:] = b"z" * 1000
+        view = memoryview(bytearray(b"c" * 10))
+        assert client.send_now(view)
+        view[:] = b"z" * 10
+        task = asyncio.ensure_future(client.send(big))
+        await asyncio.sleep(0)
+        big[:] = b"z" * len(big)
+        await task
+        retained = [bytes(head) + bytes(body) for _, head, body in client._sender.unacked]
+        assert all(b"z" not in part[f.HEADER.size :] for part in retained[:2])
+        for _ in range(300):
+            if len(received) == 3:
+                break
+            await asyncio.sleep(0.02)
+        assert received == [b"a" * 1000, b"c" * 10, b"b" * (client._chunk + 5000)]
+        await client.close()
+    finally:
+        finished.set()
+        listener.close()
+        await listener.wait_closed()

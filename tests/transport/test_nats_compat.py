@@ -1,14 +1,23 @@
-"""The nats-py compat module refuses versions and builds it was not verified against."""
+"""The nats-py compat module: it refuses versions and builds it was not verified against, and its
+shortcuts (DirectParser, publish_now) do what nats-py's general paths do."""
 
 from __future__ import annotations
 
+import asyncio
+import random
+import tracemalloc
+import uuid
 from importlib.metadata import version
 
+import nats
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.protocol import parser as nats_parser
 
 from m2mwire.errors import UnsupportedDependency
 from m2mwire.transport.nats import compat
+from m2mwire.transport.nats.local import LocalNatsServer
 
 
 def test_installed_nats_py_passes() -> None:
@@ -34,3 +43,181 @@ def test_a_client_without_its_pending_buffer_is_refused() -> None:
     # only the one missing is named, with the versions to install
     assert "lacks a nats.aio.client.Client._pending, which" in str(info.value)
     assert "nats-py 2.16.x" in str(info.value)
+
+
+# -- DirectParser: the same output as nats-py's parser, with fewer copies ----------------------------
+
+DIRECT_SID, GENERAL_SID = 1, 2
+
+
+class Recorder:
+    """Stands in for the nats-py client a parser feeds: it records what the parser hands on."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[object, ...]] = []
+        self.stats = {"in_msgs": 0, "in_bytes": 0}
+        self._subs = {DIRECT_SID: object(), GENERAL_SID: object()}
+
+    async def _process_msg(
+        self, sid: int, subject: bytes, reply: bytes, data: bytes, hdr: bytes | None
+    ) -> None:
+        assert type(data) is bytes  # what nats-py's Msg expects
+        self.events.append(("msg", sid, subject, reply, data, hdr))
+
+    async def _process_err(self, text: str) -> None:
+        self.events.append(("err", text))
+
+    async def _process_ping(self) -> None:
+        self.events.append(("ping",))
+
+    async def _process_pong(self) -> None:
+        self.events.append(("pong",))
+
+    async def _process_info(self, info: dict[str, object]) -> None:
+        self.events.append(("info", info))
+
+
+def protocol_stream() -> bytes:
+    """Every kind of line nats-server sends, with payloads small, empty and larger than a read."""
+    rng = random.Random(3)
+    parts = [b'INFO {"server_id":"x","max_payload":1048576}\r\n', b"PING\r\n", b"+OK\r\n"]
+    for i, size in enumerate((0, 5, 100, 70_000, 3, 200_000, 65_535, 65_536, 1 << 20, 17)):
+        payload = rng.randbytes(size)
+        sid = DIRECT_SID if i % 3 else GENERAL_SID
+        reply = b" _INBOX.r" if i == 4 else b""
+        parts.append(b"MSG s.%d %d%s %d\r\n%s\r\n" % (i, sid, reply, size, payload))
+        if i == 5:  # a status answer (headers) on the routed subscription, and an unknown sid
+            hdr = b"NATS/1.0 503\r\n\r\n"
+            parts.append(b"HMSG s.x %d %d %d\r\n%s\r\n" % (DIRECT_SID, len(hdr), len(hdr), hdr))
+            parts.append(b"MSG s.y 9 4\r\nlost\r\n")
+        if i == 7:
+            parts += [b"PONG\r\n", b"-ERR 'Permissions Violation for Publish'\r\n"]
+    return b"".join(parts)
+
+
+async def parse_in_pieces(parser: nats_parser.Parser, stream: bytes, seed: int) -> None:
+    rng = random.Random(seed)
+    at = 0
+    while at < len(stream):
+        step = rng.choice((1, 7, 100, 4096, 32_768, 300_000))
+        await parser.parse(stream[at : at + step])
+        at += step
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_direct_parser_hands_on_what_nats_py_parser_does_wherever_reads_are_cut(seed: int) -> None:
+    stream = protocol_stream()
+    general = Recorder()
+    await parse_in_pieces(nats_parser.Parser(general), stream, seed)
+    direct = Recorder()
+    parser = compat.DirectParser(direct)  # type: ignore[arg-type]
+    routed: list[tuple[object, ...]] = []
+    parser.direct[DIRECT_SID] = lambda subject, data: routed.append(("msg", DIRECT_SID, subject, bytes(data)))
+    await parse_in_pieces(parser, stream, seed)
+
+    def is_routed(event: tuple[object, ...]) -> bool:
+        return event[:2] == ("msg", DIRECT_SID) and event[5] is None
+
+    # nats-py's own events (control lines, other subscriptions, headers) are the same, in order
+    assert direct.events == [e for e in general.events if not is_routed(e)]
+    # and the routed subscription's messages the same, in order (the reply is not needed there)
+    assert routed == [e[:3] + e[4:5] for e in general.events if is_routed(e)]
+    assert len(routed) == 6 and direct.stats["in_msgs"] == 6
+    assert parser.state == nats_parser.AWAITING_CONTROL_LINE and not parser.buf
+
+
+async def test_direct_parser_copies_a_big_payload_once() -> None:
+    """nats-py collects a payload in its read buffer, then copies it out twice (a bytearray slice,
+    then bytes): 3x the payload at its peak. The DirectParser reads it into one buffer, handed on."""
+    size = 1 << 20
+    payload = random.Random(1).randbytes(size)
+    stream = b"MSG s.1 1 %d\r\n%s\r\n" % (size, payload)
+    reads = [stream[i : i + 32_768] for i in range(0, len(stream), 32_768)]
+    got: list[bytes | bytearray] = []
+    parser = compat.DirectParser(Recorder())  # type: ignore[arg-type]
+    parser.direct[DIRECT_SID] = lambda _subject, data: got.append(data)
+    tracemalloc.start()
+    try:
+        for read in reads:
+            await parser.parse(read)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert got == [payload] and type(got[0]) is bytearray
+    assert peak < 1.2 * size, peak
+
+
+# -- with a real nats-server --------------------------------------------------------------------------
+
+
+async def direct_client(server: LocalNatsServer) -> Client:
+    nc = Client()
+    compat.install_parser(nc)
+    await nc.connect(server.url)
+    return nc
+
+
+async def test_publish_now_sends_what_publish_does_and_writes_only_a_turns_first_command_at_once(
+    nats_server: LocalNatsServer,
+) -> None:
+    """Differential: publish_now (header and body queued apart, the first command of a turn
+    written straight to the socket) against nats-py's publish (the general path), interleaved."""
+    subject = f"t.{uuid.uuid4().hex}"
+    listener = await nats.connect(nats_server.url)
+    got: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def collect(msg: Msg) -> None:
+        got.put_nowait(msg.data)
+
+    await listener.subscribe(subject, cb=collect)
+    await listener.flush()
+    nc = await direct_client(nats_server)
+    try:
+        expected: list[bytes] = []
+        for burst in range(3):
+            for i in range(4):
+                head, body = b"h%d.%d:" % (burst, i), memoryview(bytes([i]) * (1000 * i))
+                assert compat.publish_now(nc, subject, head, body)
+                expected.append(head + bytes(body))
+                # the first of the turn went to the socket; the rest wait for the flusher, in order
+                assert len(nc._pending) == (3 * i if i else 0)
+            await nc.publish(subject, b"general %d" % burst)
+            expected.append(b"general %d" % burst)
+            await asyncio.sleep(0)  # a new turn
+        assert compat.publish_now(nc, subject, b"head only")
+        expected.append(b"head only")
+        received = [await asyncio.wait_for(got.get(), 10) for _ in expected]
+        assert received == expected
+        assert nc.stats["out_msgs"] == len(expected)
+    finally:
+        await nc.close()
+        await listener.close()
+
+
+async def test_a_route_that_fails_leaves_the_read_loop_running(nats_server: LocalNatsServer) -> None:
+    subject = f"t.{uuid.uuid4().hex}"
+    nc = await direct_client(nats_server)
+    routed: list[bytes] = []
+
+    def route(_subject: bytes, data: bytes | bytearray) -> None:
+        if data == b"boom":
+            raise RuntimeError("a bug in the route")
+        routed.append(bytes(data))
+
+    async def never(_msg: Msg) -> None:
+        raise AssertionError("a routed subscription's message took the callback")
+
+    sub = await nc.subscribe(subject, cb=never)
+    compat.route_directly(nc, sub, route)
+    await nc.flush()
+    try:
+        for data in (b"a", b"boom", b"b", b"x" * 300_000):
+            await nc.publish(subject, data)
+        for _ in range(200):
+            if len(routed) == 3:
+                break
+            await asyncio.sleep(0.01)
+        assert routed == [b"a", b"b", b"x" * 300_000]
+        assert nc.is_connected
+    finally:
+        await nc.close()

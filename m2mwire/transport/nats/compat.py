@@ -34,6 +34,7 @@ from typing import cast
 import nats.aio.client as nats_client
 from nats.aio.client import Client
 from nats.aio.subscription import Subscription
+from nats.aio.transport import TcpTransport
 from nats.errors import ProtocolError
 from nats.protocol import parser as nats_parser
 from nats.protocol.parser import (
@@ -98,6 +99,7 @@ def required_attributes() -> list[tuple[str, object, tuple[str, ...]]]:
                 "stats",
                 "_ps",
                 "_subs",
+                "_transport",
             ),
         ),
         (
@@ -116,6 +118,7 @@ def required_attributes() -> list[tuple[str, object, tuple[str, ...]]]:
         ),
         ("nats.aio.client", nats_client, ("DEFAULT_BUFFER_SIZE",)),
         ("a nats.aio.subscription.Subscription", Subscription(None), ("_id",)),
+        ("a nats.aio.transport.TcpTransport", TcpTransport(), ("_io_writer",)),  # type: ignore[no-untyped-call]
         ("a nats.protocol.parser.Parser", Parser(), ("buf", "state", "needed", "header_needed", "msg_arg")),
         ("nats.protocol.parser", nats_parser, ("MSG_RE", "HMSG_RE", "CRLF_SIZE")),
     ]
@@ -149,6 +152,12 @@ def publish_now(nc: Client, subject: str, head: bytes, body: bytes | memoryview 
     limit = nc._max_pending_size
     if limit > 0 and nc._pending_data_size + size > limit:
         return False  # publish() would force a flush and wait for it
+    stats = nc.stats
+    stats["out_msgs"] += 1
+    stats["out_bytes"] += payload_size
+    if _write_now(nc):
+        nc._transport.write(b"".join((line, head, body, b"\r\n")))  # type: ignore[union-attr]
+        return True
     # The flusher hands the list to the transport's writelines(), which takes any bytes-like
     # object: a memoryview body is written without a copy of its own.
     pending = cast("list[bytes | memoryview]", nc._pending)
@@ -157,11 +166,30 @@ def publish_now(nc: Client, subject: str, head: bytes, body: bytes | memoryview 
     else:
         pending.append(line + head + b"\r\n")
     nc._pending_data_size += size
-    stats = nc.stats
-    stats["out_msgs"] += 1
-    stats["out_bytes"] += payload_size
     if queue.empty():  # publish() kicks the flusher the same way (its queue holds wake-ups)
         queue.put_nowait(asyncio.get_running_loop().create_future())
+    return True
+
+
+def _write_now(nc: Client) -> bool:
+    """Whether a command may go straight to the socket instead of through the flusher task.
+
+    The flusher costs an event-loop turn per wake-up, on every round trip; writing at once saves
+    it. Only the first command of a turn goes straight out, so a burst of small messages still
+    leaves in one write by the flusher; and only while nothing waits ahead of it (the pending
+    buffer and the socket's write buffer are empty), so the order of commands is kept and the
+    flusher's drain() still paces a slow connection. The command costs the same one copy the
+    flusher's writelines() makes.
+    """
+    parser, transport = nc._ps, nc._transport
+    if nc._pending or not isinstance(parser, DirectParser) or parser.wrote_this_turn:
+        return False
+    if type(transport) is not TcpTransport or transport._io_writer is None:
+        return False  # the websocket transport: through the flusher
+    if transport._io_writer.transport.get_write_buffer_size():
+        return False
+    parser.wrote_this_turn = True
+    asyncio.get_running_loop().call_soon(parser.end_turn)
     return True
 
 
@@ -195,9 +223,13 @@ class DirectParser(Parser):
 
     def __init__(self, nc: Client | None = None) -> None:
         self.direct: dict[int, Route] = {}  # survives reset(): sids keep their number on reconnect
+        self.wrote_this_turn = False  # see _write_now (the client's per-connection state lives here)
         self._big: bytearray | None = None  # the payload being read into a buffer of its own
         self._filled = 0
         super().__init__(nc)
+
+    def end_turn(self) -> None:
+        self.wrote_this_turn = False
 
     def reset(self) -> None:
         super().reset()
