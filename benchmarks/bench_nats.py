@@ -218,8 +218,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="a quarter of the messages")
+    parser.add_argument(
+        "--gogc",
+        type=int,
+        default=400,
+        help="nats-server's GOGC (Go's default is 100; docs/NATS.md recommends 400 for large messages)",
+    )
     args = parser.parse_args()
-    with LocalNatsServer(max_payload=1024 * 1024) as nats_server:
+    with LocalNatsServer(max_payload=1024 * 1024, gogc=args.gogc) as nats_server:
         ws_proc, ws_url = _start_server("ws://127.0.0.1:0")
         nats_proc, nats_url = _start_server(f"{nats_server.url}/bench.{uuid.uuid4().hex}")
         try:
@@ -228,7 +234,10 @@ def main() -> None:
             ws_proc.terminate()
             nats_proc.terminate()
         raw = asyncio.run(raw_nats_rtt(nats_server.url, 3000))
-        print(f"NATS session vs WebSocket session, median of {args.rounds} interleaved rounds")
+        print(
+            f"NATS session vs WebSocket session, median of {args.rounds} interleaved rounds "
+            f"(nats-server GOGC={args.gogc})"
+        )
         print(f"{'':16}{'WebSocket':>12}{'NATS':>12}{'NATS/WS':>10}")
         for label in results["ws"]:
             ws = statistics.median(results["ws"][label])

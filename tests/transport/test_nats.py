@@ -347,3 +347,10 @@ async def test_a_buffer_changed_after_sending_arrives_as_it_was_sent(nats_server
         finished.set()
         listener.close()
         await listener.wait_closed()
+
+
+def test_a_local_server_runs_with_the_gogc_asked_for() -> None:
+    with LocalNatsServer(gogc=400) as server:
+        assert server._proc is not None
+        environ = Path(f"/proc/{server._proc.pid}/environ").read_bytes().split(b"\0")
+        assert b"GOGC=400" in environ

@@ -8,6 +8,7 @@ its own temporary directory, so nothing races for a port.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -43,6 +44,7 @@ class LocalNatsServer:
         routes: tuple[str, ...] = (),
         name: str = "m2mwire-test",
         start_timeout: float = 10.0,
+        gogc: int | None = None,
     ) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="m2mwire-nats-"))
         self._name = name
@@ -57,6 +59,10 @@ class LocalNatsServer:
             )
         (self._dir / "nats.conf").write_text("\n".join(lines) + "\n")
         self._start_timeout = start_timeout
+        # The Go garbage collector's target (GOGC, Go's default 100): nats-server allocates a
+        # buffer per large message, and collecting them was a third of its CPU for 1 MiB
+        # messages; docs/NATS.md recommends 400 where large messages are common.
+        self._env = None if gogc is None else {**os.environ, "GOGC": str(gogc)}
         self._proc: subprocess.Popen[bytes] | None = None
         self.url = ""
         self.cluster_url = ""
@@ -69,6 +75,7 @@ class LocalNatsServer:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env=self._env,
         )
         log.close()
         ports = self._dir / f"nats-server_{self._proc.pid}.ports"
