@@ -161,6 +161,11 @@ class UdpChaosProxy:
         return self
 
     @property
+    def flows(self) -> int:
+        """Client addresses (UDP sockets, i.e. QUIC connections) that got through so far."""
+        return len(self._ups)
+
+    @property
     def dark(self) -> bool:
         return self._loop.time() < self._dark_until
 

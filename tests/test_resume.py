@@ -453,3 +453,53 @@ async def test_zstd_context_survives_cuts_over_websocket() -> None:
         assert sum(m.wire_bytes for m in got) < 0.7 * sum(m.original_bytes for m in got)
     # retention holds at most the bound plus the one message that crossed it (counted uncompressed)
     assert 0 < max(peaks.values()) < bound + 13_000
+
+
+@pytest.mark.timeout(30)
+async def test_sessions_sharing_a_quic_connection_resume_over_one_new_connection() -> None:
+    """``connect(url, connection=conn, reconnect=True)``: the shared connection dies (the path is
+    dark longer than its idle_timeout); every session on it resumes, exactly once and in order, and
+    they share the one new connection ``conn`` now carries."""
+    count, cut_at = 120, 40
+    timers = {"ping_interval": 0.2, "pong_timeout": 0.2, "max_missed_pongs": 2}
+    async with m2mwire.serve(echo, "quic://127.0.0.1:0", timers=timers) as server:
+        proxy = await UdpChaosProxy(server.port).start()
+        url = f"quic://127.0.0.1:{proxy.port}"
+        conn = await m2mwire.open_quic_connection(url, fingerprint=server.fingerprint, idle_timeout=1.0)
+        try:
+            sessions = [
+                await m2mwire.connect(url, connection=conn, reconnect=FAST, timers=timers, open_timeout=0.3)
+                for _ in range(3)
+            ]
+            ids = [s.info.session_id for s in sessions]
+
+            async def talk(k: int, session: Session) -> list[str]:
+                sent = [f"s{k}:{i}" for i in range(count)]
+                got: list[str] = []
+
+                async def tx() -> None:
+                    for i, text in enumerate(sent):
+                        if i == cut_at and k == 0:
+                            proxy.blackhole(2.0)  # > idle_timeout: the shared connection dies
+                        await session.send(text)
+                        await asyncio.sleep(0.01 if cut_at <= i < cut_at + 20 else 0)
+
+                async def rx() -> None:
+                    for _ in sent:
+                        got.append((await session.recv()).text or "")
+
+                await asyncio.gather(tx(), rx())
+                assert got == sent, f"session {k}: lost, duplicated or reordered"
+                return got
+
+            async with asyncio.timeout(20):
+                await asyncio.gather(*(talk(k, s) for k, s in enumerate(sessions)))
+            assert [s.info.session_id for s in sessions] == ids
+            assert all(s.stats.reconnects >= 1 and s.close_event is None for s in sessions)
+            assert not conn.closed  # conn now holds the new connection ...
+            assert proxy.flows == 2  # ... the only one opened since: all three resumed on it
+            for session in sessions:
+                await session.close()
+        finally:
+            await conn.close()
+            await proxy.close()

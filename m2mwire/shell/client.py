@@ -48,7 +48,9 @@ class connect:
     dict), optimize, token_stats, agent_id, agent_type, limits, max_queue, max_queue_bytes; transport
     options: ssl (an SSLContext for wss://), cafile/cadata/fingerprint/insecure (TLS verification for
     wss:// and quic://), server_name, open_timeout, idle_timeout (QUIC), connection (a QUIC
-    connection from :func:`open_quic_connection`, to run several sessions over one connection).
+    connection from :func:`open_quic_connection`, to run several sessions over one connection;
+    with ``reconnect=``, when that connection is lost its sessions resume over one new connection
+    to the same server, which ``conn`` then holds).
 
     ``reconnect=True`` (or a dict, or :class:`m2mwire.Reconnect`): once established, the session
     outlives its connections: on a loss (or unanswered PINGs) it reconnects with exponential
@@ -72,13 +74,23 @@ class connect:
     def _new_channel(self) -> Awaitable[Channel]:
         return _open_channel(self._endpoint, self._config, self._topts)
 
+    async def _resume_channel(self) -> Channel:
+        """A channel to resume on. A shared QUIC ``connection=`` that was lost is first replaced
+        by a new one to the same server (one for all the sessions that shared it: see
+        ``QuicClientConnection.redial``); otherwise it would refuse every attempt until
+        ``max_elapsed``."""
+        shared: QuicClientConnection | None = self._topts.get("connection")
+        if shared is not None:
+            await shared.redial()
+        return await self._new_channel()
+
     async def _open(self) -> Session:
         channel = await self._new_channel()
         session = Session(channel, SessionProtocol(Role.CLIENT, self._config))
         if self._reconnect is not None:
             # Only after the first handshake: a first connect() that fails raises as before.
             session._reconnect = self._reconnect
-            session._reopen = self._new_channel
+            session._reopen = self._resume_channel
         await session._start()
         await warm_tokenizers(session.info, self._config)
         self._session = session

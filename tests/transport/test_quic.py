@@ -415,6 +415,26 @@ async def test_client_detects_a_vanished_server_on_recv_and_send() -> None:
         await server.wait_closed()
 
 
+async def test_redial_replaces_a_lost_connection_once_for_all_callers() -> None:
+    async with server_and_client(echo) as (server, conn):
+        first = conn._protocol
+        await conn.redial()  # alive: kept
+        assert conn._protocol is first
+        before = await conn.open_channel()
+        conn._transport.abort()  # the connection is lost (not closed by its owner)
+        await recv_error(before, timeout=2)
+        with pytest.raises(TransportError):
+            await conn.open_channel()
+        await asyncio.gather(*(conn.redial() for _ in range(3)))  # three sessions resuming at once
+        assert conn._protocol is not first and not conn.closed
+        assert server.connections == 2  # one new connection (beside the old, not yet idle), not three
+        channel = await conn.open_channel()
+        await channel.send("again")
+        assert await channel.recv() == "again"
+    with pytest.raises(TransportError, match="closed"):
+        await conn.redial()  # closed by its owner: not brought back
+
+
 def _echo_until_error(errors: asyncio.Queue[TransportError]) -> Callable[[QuicChannel], Awaitable[None]]:
     """A channel handler that echoes until the channel fails, then reports the error."""
 

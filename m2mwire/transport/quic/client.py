@@ -5,9 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import os
 import socket
 import ssl
+from collections.abc import Awaitable, Callable
 from types import TracebackType
 from typing import Any
 
@@ -26,16 +28,27 @@ from m2mwire.transport.tls import check_trust_options, warn_insecure
 __all__ = ["QuicClientConnection", "connect_quic", "open_quic_channel"]
 
 
+# One connection attempt to the same server with the same options: what redial() repeats.
+Dial = Callable[[], Awaitable[tuple[Connection, asyncio.DatagramTransport]]]
+
+
 class QuicClientConnection:
     """A client QUIC connection that carries any number of channels."""
 
     def __init__(
-        self, connection: Connection, transport: asyncio.DatagramTransport, *, open_timeout: float = 10.0
+        self,
+        connection: Connection,
+        transport: asyncio.DatagramTransport,
+        *,
+        open_timeout: float = 10.0,
+        dial: Dial | None = None,
     ) -> None:
         self._protocol = connection
         self._transport = transport
         self._closing = False
         self.open_timeout = open_timeout  # default wait of open_channel() for stream credit
+        self._dial = dial
+        self._redialing: asyncio.Task[None] | None = None
 
     @property
     def remote_address(self) -> str:
@@ -76,12 +89,47 @@ class QuicClientConnection:
             connection, None, connection.max_message_size if max_message_size is None else max_message_size
         )
 
+    async def redial(self) -> None:
+        """Replace a lost connection by a new one to the same server, with the same options.
+
+        For ``connect(url, connection=conn, reconnect=True)``: when the shared connection dies,
+        every session on it resumes through ``redial()`` then ``open_channel()``, so they share
+        the one new connection as they shared the old one. Concurrent callers wait for the same
+        attempt (a cancelled caller does not cancel it for the others); a connection that is
+        still alive is kept (its channels may have ended for other reasons). Raises
+        TransportError when the attempt fails (the caller retries) or after :meth:`close`.
+        """
+        if self._closing:
+            raise Failure(f"QUIC connection to {self.remote_address} was closed").error()
+        if not self._protocol.terminated:
+            return
+        if self._dial is None:
+            raise Failure(f"QUIC connection to {self.remote_address} is closed").error()
+        task = self._redialing
+        if task is None:
+            task = self._redialing = asyncio.ensure_future(self._replace(self._dial))
+            task.add_done_callback(self._redial_done)
+        await asyncio.shield(task)
+
+    async def _replace(self, dial: Dial) -> None:
+        protocol, transport = await dial()
+        # close() cancels this task, so the connection is still ours to keep here.
+        self._transport.close()  # the lost connection's socket
+        self._protocol, self._transport = protocol, transport
+
+    def _redial_done(self, task: asyncio.Task[None]) -> None:
+        self._redialing = None
+        if not task.cancelled():
+            task.exception()  # each waiter got it raised; this marks it retrieved when none waited
+
     async def close(self) -> None:
         """Close every channel in order (bounded by close_timeout), then the connection. Idempotent."""
         if self._closing:
             await self.wait_closed()
             return
         self._closing = True
+        if self._redialing is not None:
+            self._redialing.cancel()  # _handshake closes the half-open connection's socket
         try:
             await self._protocol.close_connection(ErrorCode.NO_ERROR, "", graceful=True)
         finally:
@@ -94,6 +142,8 @@ class QuicClientConnection:
         """Drop the connection at once (CONNECTION_CLOSE with ``code``, no waiting). Idempotent."""
         if not self._closing:
             self._closing = True
+            if self._redialing is not None:
+                self._redialing.cancel()
             failure = Failure(
                 f"QUIC connection to {self.remote_address} was aborted locally (code {code})", code=code
             )
@@ -131,7 +181,43 @@ async def connect_quic(
     server certificate's SHA-256; ``insecure=True`` skips verification (logged as a WARNING).
     """
     check_trust_options(cafile=cafile, cadata=cadata, fingerprint=fingerprint, insecure=insecure)
-    tuning = tuning or QuicTuning()
+    if insecure:
+        warn_insecure(f"quic://{host}:{port}")
+    dial = functools.partial(
+        _dial,
+        host,
+        port,
+        cafile=cafile,
+        cadata=cadata,
+        fingerprint=fingerprint,
+        insecure=insecure,
+        server_name=server_name,
+        max_message_size=max_message_size,
+        idle_timeout=idle_timeout,
+        connect_timeout=connect_timeout,
+        close_timeout=close_timeout,
+        tuning=tuning or QuicTuning(),
+    )
+    connection, transport = await dial()
+    return QuicClientConnection(connection, transport, open_timeout=connect_timeout, dial=dial)
+
+
+async def _dial(
+    host: str,
+    port: int,
+    *,
+    cafile: str | os.PathLike[str] | None,
+    cadata: str | bytes | None,
+    fingerprint: str | None,
+    insecure: bool,
+    server_name: str | None,
+    max_message_size: int,
+    idle_timeout: float,
+    connect_timeout: float,
+    close_timeout: float,
+    tuning: QuicTuning,
+) -> tuple[Connection, asyncio.DatagramTransport]:
+    """One connection to ``host:port`` (each of its addresses in turn), handshake done."""
     loop = asyncio.get_running_loop()
     target = f"quic://{host}:{port}"
     try:
@@ -142,8 +228,6 @@ async def connect_quic(
     # 127.0.0.1 for localhost) are tried in turn, sharing the timeout.
     addresses = list(dict.fromkeys((info[0], info[4]) for info in infos))
     per_attempt = connect_timeout / len(addresses)
-    if insecure:
-        warn_insecure(target)
     for family, addr in addresses:
         config = QuicConfiguration(
             is_client=True,
@@ -180,7 +264,6 @@ async def connect_quic(
             close_timeout=close_timeout,
             fingerprint=fingerprint,
             target=target,
-            open_timeout=connect_timeout,
         )
         if connection is not None:
             return connection
@@ -203,8 +286,7 @@ async def _handshake(
     close_timeout: float,
     fingerprint: str | None,
     target: str,
-    open_timeout: float,
-) -> QuicClientConnection | None:
+) -> tuple[Connection, asyncio.DatagramTransport] | None:
     """One connection attempt: the connection, None on timeout, TransportError on any failure."""
     connection = Connection(
         FlowControlledConnection(configuration=config),
@@ -243,7 +325,7 @@ async def _handshake(
                 await connection.wait_closed()
         transport.close()
         raise failure.error()
-    return QuicClientConnection(connection, transport, open_timeout=open_timeout)
+    return connection, transport
 
 
 async def open_quic_channel(host: str, port: int, **options: Any) -> QuicChannel:
