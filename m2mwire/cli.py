@@ -36,6 +36,7 @@ _FLAGS = {
     "cafile": "--cafile",
     "certfile": "--certfile",
     "keyfile": "--keyfile",
+    "cert_dir": "--cert-dir",
     "insecure": "--insecure",
     "max_payload": "--max-payload",
     "algorithms": "--algorithms",
@@ -110,11 +111,17 @@ def _session_line(session: Session) -> str:
 
 
 def _serve_options(args: argparse.Namespace) -> dict[str, Any]:
-    _check_flags("serve", args.url, {"certfile": args.certfile, "keyfile": args.keyfile})
+    _check_flags(
+        "serve",
+        args.url,
+        {"certfile": args.certfile, "keyfile": args.keyfile, "cert_dir": args.cert_dir or args.no_cert_dir},
+    )
     options: dict[str, Any] = {}
-    for name in ("certfile", "keyfile", "agent_id", "max_payload"):
+    for name in ("certfile", "keyfile", "cert_dir", "agent_id", "max_payload"):
         if getattr(args, name) is not None:
             options[name] = getattr(args, name)
+    if args.no_cert_dir:
+        options["cert_dir"] = False
     if getattr(args, "reuse_port", False):  # set by serve --workers for its workers
         options["reuse_port"] = True
     for name in ("algorithms", "encodings"):
@@ -186,8 +193,9 @@ def _cmd_serve_workers(args: argparse.Namespace) -> int:
 
     ws:// and quic:// workers share the port with SO_REUSEPORT (the kernel spreads connections);
     nats:// workers join the service's queue group (NATS spreads sessions). With TLS and no
-    --certfile, one self-signed certificate is generated here, so every worker shows the same
-    fingerprint.
+    --certfile, every worker uses the self-signed certificate kept in the state directory (or
+    --cert-dir), made here first; with --no-cert-dir one generated here is handed to them. Either
+    way every worker shows the same fingerprint.
     """
     import signal
     import subprocess
@@ -216,15 +224,21 @@ def _cmd_serve_workers(args: argparse.Namespace) -> int:
                 "would listen on a port of its own)"
             )
         command.append("--reuse-port")
-    certfile = None
     if scheme in ("wss", "quic") and not args.certfile:
-        from m2mwire.transport.tls import generate_self_signed
+        from m2mwire.options import parse_url
+        from m2mwire.transport import certstore
 
-        cert = generate_self_signed()
-        certfile, keyfile = cert.write_temp_files()
-        print(f"workers share a generated self-signed certificate, SHA-256 fingerprint {cert.fingerprint}")
-    if certfile:
-        command += ["--certfile", certfile, "--keyfile", keyfile]
+        # The workers find this same pair (they resolve the same options for the same host).
+        host = parse_url(args.url).host
+        certfile, _, fingerprint = certstore.server_certificate_files(_serve_options(args), host)
+        if certfile is None:  # --no-cert-dir (or no writable state directory): one for all, in a temp dir
+            from m2mwire.transport.tls import generate_self_signed
+
+            cert = generate_self_signed(certstore.certificate_names(host))
+            certfile, keyfile = cert.write_temp_files()
+            fingerprint = cert.fingerprint
+            command += ["--certfile", certfile, "--keyfile", keyfile]
+        print(f"workers share a self-signed certificate, SHA-256 fingerprint {fingerprint}")
     procs = [subprocess.Popen(command) for _ in range(args.workers)]
     print(f"serving {args.url} with {args.workers} worker processes: {' '.join(str(p.pid) for p in procs)}")
     sys.stdout.flush()
@@ -373,6 +387,18 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--certfile", help="TLS certificate chain (PEM; wss://, quic://); default: generated")
     p.add_argument("--keyfile", help="its private key (PEM), unless --certfile holds both")
+    kept = p.add_mutually_exclusive_group()
+    kept.add_argument(
+        "--cert-dir",
+        metavar="DIR",
+        help="where the generated certificate is kept across restarts (wss://, quic://; default: "
+        "$M2MWIRE_STATE_DIR, else $XDG_STATE_HOME/m2mwire, else ~/.local/state/m2mwire, then certs/HOST)",
+    )
+    kept.add_argument(
+        "--no-cert-dir",
+        action="store_true",
+        help="keep the generated certificate in memory only: a new fingerprint at every start",
+    )
     p.add_argument("--identity", metavar="FILE", help="model identity (JSON object); enables latent mode")
     p.add_argument("--agent-id", help="this agent's id (default: a random UUID)")
     p.add_argument("--algorithms", help="comma-separated, in order of preference (default: all)")

@@ -286,7 +286,9 @@ async def run_demo() -> None:
     _codec_table()
     await _context_demo()
     for scheme in ("ws", "quic"):
-        async with serve(_server_agent, f"{scheme}://127.0.0.1:0", identity=DEMO_IDENTITY) as server:
+        # cert_dir=False: a throwaway server, nothing worth keeping in the user's state directory.
+        kept: dict[str, Any] = {"cert_dir": False} if scheme == "quic" else {}
+        async with serve(_server_agent, f"{scheme}://127.0.0.1:0", identity=DEMO_IDENTITY, **kept) as server:
             print(f"== Live session over {scheme.upper()} ({server.url})")
             options: dict[str, Any] = {}
             if server.fingerprint is not None:

@@ -27,7 +27,7 @@ __all__ = ["Gateway", "gateway"]
 
 log = logging.getLogger("m2mwire.gateway")
 
-_TRANSPORT_OPTIONS = frozenset({"certfile", "keyfile", "ssl", "idle_timeout"})  # for the listening side
+_TRANSPORT_OPTIONS = frozenset({"certfile", "keyfile", "cert_dir", "ssl", "idle_timeout"})  # listening side
 _LISTEN_OPTIONS = _TRANSPORT_OPTIONS | {"max_payload", "open_timeout"}
 
 
@@ -178,8 +178,9 @@ def gateway(listen_url: str, nats_url: str, **options: Any) -> Gateway:
     "ws://0.0.0.0:8765", "nats://nats1:4222,nats2:4222/agents.planner") as gw: ...``.
 
     Options: certfile/keyfile or ssl (wss://, quic://; without them a self-signed certificate is
-    generated and ``gw.fingerprint`` set), idle_timeout (QUIC), max_payload (the largest message
-    relayed, default 16 MiB), open_timeout (for a worker to answer), and the NATS options of
-    :func:`m2mwire.connect` (servers, user, password, credentials, tls, ...).
+    generated, kept as serve()'s ``cert_dir=`` says, and ``gw.fingerprint`` set), idle_timeout
+    (QUIC), max_payload (the largest message relayed, default 16 MiB), open_timeout (for a worker
+    to answer), and the NATS options of :func:`m2mwire.connect` (servers, user, password,
+    credentials, tls, ...).
     """
     return Gateway(listen_url, nats_url, options)

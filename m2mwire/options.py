@@ -108,10 +108,13 @@ class ServeOptions(SessionOptions, NatsOptions, total=False):
     ssl: ssl_module.SSLContext | None
     certfile: str | os.PathLike[str] | None
     keyfile: str | os.PathLike[str] | None
-    cert_dir: str | os.PathLike[str] | None
+    cert_dir: str | os.PathLike[str] | Literal[False] | None  # None: the state directory; False: in memory
     idle_timeout: float | None
     resume_window: float
 
+
+# Transport options whose False means something other than leaving them out.
+_FALSE_IS_A_CHOICE = frozenset({"cert_dir"})
 
 Call = Literal["connect", "serve"]
 Scheme = Literal["ws", "wss", "quic", "nats"]  # the built-in schemes (more may be registered)
@@ -153,10 +156,15 @@ def split_options(options: dict[str, Any], call: Call, ep: Endpoint) -> tuple[Se
     """Check every option against ``call`` and the URL's scheme; returns (session config, transport options).
 
     A transport option set to None (or ``insecure=False``) is the same as leaving it out, so callers can
-    pass e.g. ``fingerprint=server.fingerprint`` whatever the scheme.
+    pass e.g. ``fingerprint=server.fingerprint`` whatever the scheme. ``cert_dir=False`` is kept: it
+    asks for a certificate in memory only (left out, cert_dir= means the default state directory).
     """
     all_transport = _all_transport_options()
-    given = {k: v for k, v in options.items() if not (k in all_transport and (v is None or v is False))}
+    given = {
+        k: v
+        for k, v in options.items()
+        if not (k in all_transport and (v is None or (v is False and k not in _FALSE_IS_A_CHOICE)))
+    }
     allowed = set(valid_options(call, ep.scheme))
     wrong = sorted(set(given) - allowed)
     if wrong:

@@ -17,6 +17,17 @@ DATA_DIR = Path(__file__).resolve().parent / "data"
 REFERENCE_VECTORS = DATA_DIR / "m2m-reference-vectors.json"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_state_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Servers that generate a certificate keep it in the state directory (docs/PROTOCOL.md §9,
+    "Certificates"): a temporary one for the whole run, inherited by the CLI's subprocesses, so the
+    suite never writes into the user's home."""
+    state = tmp_path_factory.mktemp("m2mwire-state")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("M2MWIRE_STATE_DIR", str(state))
+        yield state
+
+
 @pytest.fixture(scope="session")
 def m2m_vectors() -> dict[str, Any]:
     data: dict[str, Any] = json.loads(REFERENCE_VECTORS.read_text())

@@ -323,6 +323,21 @@ def test_send_gets_the_reply(servers: dict[str, Served], scheme: str) -> None:
     assert reply["object"] == "chat.completion"
 
 
+def test_serve_cert_dir_flags() -> None:
+    from m2mwire.cli import UsageError, _parser, _serve_options
+
+    def options(*argv: str) -> dict[str, object]:
+        return _serve_options(_parser().parse_args(["serve", *argv]))
+
+    assert "cert_dir" not in options("quic://127.0.0.1:0")  # the state directory
+    assert options("wss://127.0.0.1:0", "--cert-dir", "/srv/certs")["cert_dir"] == "/srv/certs"
+    assert options("quic://127.0.0.1:0", "--no-cert-dir")["cert_dir"] is False
+    with pytest.raises(UsageError, match="--cert-dir does not apply to a ws:// URL"):
+        options("ws://127.0.0.1:0", "--no-cert-dir")
+    with pytest.raises(SystemExit):  # one or the other
+        options("quic://127.0.0.1:0", "--no-cert-dir", "--cert-dir", "/srv/certs")
+
+
 def test_cli_terms_rewrites_keyword_options_into_flags() -> None:
     from m2mwire.cli import _cli_terms
 

@@ -57,6 +57,19 @@ async def connect_when_up(url: str, **options: Any) -> Session:
     raise AssertionError(f"nothing served {url} within 20 s")
 
 
+async def kept_fingerprint(host: str) -> str:
+    """The fingerprint of the certificate kept for ``host`` (conftest's M2MWIRE_STATE_DIR), once
+    the parent process has made it."""
+    from m2mwire.transport.certstore import default_cert_dir, persistent_self_signed
+
+    cert = default_cert_dir(host) / "cert.pem"
+    for _ in range(100):
+        if cert.exists():
+            return persistent_self_signed(cert.parent)[2]
+        await asyncio.sleep(0.2)
+    raise AssertionError(f"no certificate was kept in {cert.parent} within 20 s")
+
+
 async def workers_seen(url: str, sessions: int, **options: Any) -> set[str]:
     seen = set()
     for _ in range(sessions):
@@ -86,7 +99,9 @@ async def test_serve_with_two_workers_on_one_port(scheme: str) -> None:
     port = free_port(socket.SOCK_STREAM if scheme == "ws" else socket.SOCK_DGRAM)
     url = f"{scheme}://127.0.0.1:{port}"
     async with cli("serve", url, "--workers", "2"):
-        options: dict[str, Any] = {"insecure": True} if scheme == "quic" else {}
+        options: dict[str, Any] = {}
+        if scheme == "quic":  # both workers present the certificate kept in the state directory
+            options["fingerprint"] = await kept_fingerprint("127.0.0.1")
         await connect_when_up(url, **options)
         await asyncio.sleep(1.0)
         assert len(await workers_seen(url, 20, **options)) == 2  # the kernel spread them

@@ -348,6 +348,38 @@ async def test_generated_certificate_persists_in_cert_dir(scheme: str, tmp_path:
             assert (await session.recv()).text == "hi"
 
 
+@pytest.mark.parametrize("scheme", ["wss", "quic"])
+async def test_generated_certificate_persists_by_default(
+    scheme: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = tmp_path / "state"
+    monkeypatch.setenv("M2MWIRE_STATE_DIR", str(state))
+    async with m2mwire.serve(echo, f"{scheme}://127.0.0.1:0") as first:
+        pinned = first.fingerprint
+    assert pinned and (state / "certs" / "127.0.0.1" / "cert.pem").exists()
+    async with m2mwire.serve(echo, f"{scheme}://127.0.0.1:0") as restarted:  # default options again
+        assert restarted.fingerprint == pinned
+        async with m2mwire.connect(restarted.url, fingerprint=pinned) as session:
+            await session.send("hi")
+            assert (await session.recv()).text == "hi"
+
+
+@pytest.mark.parametrize("scheme", ["wss", "quic"])
+async def test_cert_dir_false_keeps_the_certificate_in_memory(
+    scheme: str, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("M2MWIRE_STATE_DIR", str(tmp_path / "state"))
+    fingerprints = []
+    for _ in range(2):
+        async with m2mwire.serve(echo, f"{scheme}://127.0.0.1:0", cert_dir=False) as server:
+            async with m2mwire.connect(server.url, fingerprint=server.fingerprint) as session:
+                await session.send("hi")
+                assert (await session.recv()).text == "hi"
+            fingerprints.append(server.fingerprint)
+    assert fingerprints[0] != fingerprints[1] and None not in fingerprints
+    assert not (tmp_path / "state").exists()
+
+
 def test_a_dead_peer_is_detected_within_about_20_seconds_by_default() -> None:
     import inspect
 

@@ -225,9 +225,11 @@ def serve(handler: Handler, url: str, **options: Unpack[ServeOptions]) -> Server
     ``handler(session)`` runs once per established session; when it returns, the session is closed.
     Same session options as :func:`connect`; transport options: ssl (wss://), certfile/keyfile (TLS
     for wss:// and quic://; without them a self-signed certificate is generated and its
-    fingerprint logged and exposed as ``server.fingerprint``), cert_dir (wss:// and quic://: keep
-    that generated certificate in this directory, so its fingerprint survives restarts),
-    idle_timeout (QUIC, default 20 s).
+    fingerprint logged and exposed as ``server.fingerprint``), cert_dir (wss:// and quic://: where
+    that generated certificate is kept, so its fingerprint survives restarts; by default in the
+    per-user state directory, ``$M2MWIRE_STATE_DIR``, else ``$XDG_STATE_HOME/m2mwire``, else
+    ``~/.local/state/m2mwire``, under ``certs/<host>/``; ``cert_dir=False``: in memory only, a new
+    fingerprint at every start), idle_timeout (QUIC, default 20 s).
 
     Resume (docs/PROTOCOL.md "Resume"): a client that connected with ``reconnect=`` and lost its
     connection may come back within ``resume_window`` seconds (default 60; 0 turns resume off);

@@ -49,9 +49,8 @@ __all__ = [
     "generate_self_signed",
     "load_server_certificate",
     "normalize_fingerprint",
-    "persistent_self_signed",
-    "server_certificate_files",
-    "server_context",
+    "private_key_pem",
+    "self_signed_certificate",
     "server_ssl_context",
     "verify_fingerprint",
     "warn_insecure",
@@ -148,9 +147,29 @@ def generate_self_signed(
     the first DNS name (or the first entry) is the subject CN. Validity starts one hour in the past
     to tolerate clock skew.
     """
-    if not hostnames:
-        raise ValueError("generate_self_signed() needs at least one hostname or IP address")
     key = ec.generate_private_key(ec.SECP256R1())
+    cert = self_signed_certificate(key, hostnames, days=days)
+    return SelfSignedCert(
+        cert_pem=cert.public_bytes(serialization.Encoding.PEM),
+        key_pem=private_key_pem(key),
+        fingerprint=certificate_fingerprint(cert),
+        hostnames=tuple(hostnames),
+    )
+
+
+def private_key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    """``key`` as unencrypted PKCS#8 PEM (what load_cert_chain reads)."""
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def self_signed_certificate(
+    key: ec.EllipticCurvePrivateKey, hostnames: Sequence[str], *, days: int = 365
+) -> x509.Certificate:
+    """A self-signed server certificate for ``key`` (see :func:`generate_self_signed`)."""
+    if not hostnames:
+        raise ValueError("a self-signed certificate needs at least one hostname or IP address")
     sans: list[x509.GeneralName] = []
     dns_names: list[str] = []
     for name in hostnames:
@@ -192,38 +211,7 @@ def generate_self_signed(
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
         .sign(key, hashes.SHA256())
     )
-    return SelfSignedCert(
-        cert_pem=cert.public_bytes(serialization.Encoding.PEM),
-        key_pem=key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        ),
-        fingerprint=certificate_fingerprint(cert),
-        hostnames=tuple(hostnames),
-    )
-
-
-def persistent_self_signed(cert_dir: str | os.PathLike[str]) -> tuple[str, str, str]:
-    """``(certfile, keyfile, fingerprint)`` of the self-signed certificate kept in ``cert_dir``.
-
-    The first call generates it and writes ``cert.pem`` and ``key.pem`` (0600, in a 0700
-    directory); later calls, in this process or after a restart, load the same pair, so a
-    client that pinned the fingerprint reconnects (and resumes) after the server restarts.
-    """
-    directory = os.fspath(cert_dir)
-    certfile = os.path.join(directory, "cert.pem")
-    keyfile = os.path.join(directory, "key.pem")
-    if not (os.path.exists(certfile) and os.path.exists(keyfile)):
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        cert = generate_self_signed()
-        for path, data in ((keyfile, cert.key_pem), (certfile, cert.cert_pem)):
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-    with open(certfile, "rb") as f:
-        fingerprint = certificate_fingerprint(x509.load_pem_x509_certificate(f.read()))
-    return certfile, keyfile, fingerprint
+    return cert
 
 
 def server_ssl_context(
@@ -386,35 +374,3 @@ def client_context(options: Mapping[str, Any], target: str) -> ssl.SSLContext:
         insecure=bool(options.get("insecure", False)),
         target=target,
     )
-
-
-def server_certificate_files(options: Mapping[str, Any]) -> tuple[str | None, str | None, str | None]:
-    """``(certfile, keyfile, fingerprint)`` serve()'s options name: certfile/keyfile as given (no
-    fingerprint: the user's own certificate), the one kept in cert_dir, or all None (the transport
-    then generates a certificate of its own)."""
-    certfile = options.get("certfile")
-    if certfile is not None:
-        return os.fspath(certfile), options.get("keyfile"), None
-    if options.get("cert_dir") is not None:
-        return persistent_self_signed(options["cert_dir"])
-    return None, None, None
-
-
-def server_context(options: Mapping[str, Any], target: str) -> tuple[ssl.SSLContext, str | None]:
-    """The server TLS context serve()'s options ask for, and the fingerprint of a certificate we
-    generated (None for the user's own): ``ssl=``, certfile/keyfile, cert_dir, or a fresh
-    self-signed certificate (its fingerprint logged as a WARNING naming ``target``)."""
-    given = options.get("ssl")
-    if given is not None:
-        return given, None
-    certfile, keyfile, fingerprint = server_certificate_files(options)
-    if certfile is not None:
-        if fingerprint is None:
-            return load_server_certificate(certfile, keyfile), None
-        return server_ssl_context(certfile, keyfile), fingerprint
-    cert = generate_self_signed()
-    certfile, keyfile = cert.write_temp_files()
-    logger.warning(
-        "%s uses a generated self-signed certificate, SHA-256 fingerprint %s", target, cert.fingerprint
-    )
-    return server_ssl_context(certfile, keyfile), cert.fingerprint

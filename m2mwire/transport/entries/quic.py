@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from m2mwire.codecs.limits import MiB
-from m2mwire.transport import tls
+from m2mwire.transport import certstore
 from m2mwire.transport.base import Channel, ChannelHandler, TransportConfig
 from m2mwire.transport.entries.listener import SocketListener
 from m2mwire.transport.quic import (
@@ -51,7 +51,7 @@ class QuicListener(SocketListener[QuicServer]):
 
     async def start(self) -> None:
         options = self._config.options
-        certfile, keyfile, _ = tls.server_certificate_files(options)
+        certfile, keyfile, _ = certstore.server_certificate_files(options, self._endpoint.host)
         kwargs: dict[str, Any] = {k: options[k] for k in ("idle_timeout", "reuse_port") if k in options}
         self.server = await serve_quic(
             self._handler,

@@ -42,9 +42,11 @@ class WebSocketListener(SocketListener[Server]):
         options = self._config.options
         ssl_ctx = None
         if self._endpoint.scheme == "wss":
-            from m2mwire.transport import tls  # cryptography: only for TLS
+            from m2mwire.transport import certstore  # cryptography: only for TLS
 
-            ssl_ctx, self.fingerprint = tls.server_context(options, target="wss:// server")
+            ssl_ctx, self.fingerprint = certstore.server_context(
+                options, target="wss:// server", host=self._endpoint.host
+            )
         extra = {"reuse_port": True} if options.get("reuse_port") else {}
         self.server = await serve_websocket(
             self._handler,
