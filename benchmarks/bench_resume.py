@@ -5,16 +5,21 @@
    rounds, medians. Goal: <= 5 % slower.
 2. Chaos: a TCP proxy (WebSocket) cuts connections mid-frame, or a UDP proxy (QUIC) blackholes
    the path, while text, JSON and AVP messages of random sizes flow both ways; checks exactly-once
-   in-order delivery and reports the time from losing a connection to resuming (p50/p99) and the
-   messages retransmitted per cut. ``--full``: 10,000 messages each way of up to 1 MiB.
+   in-order delivery and reports the time from losing a connection to resuming (p50/p99), the
+   messages retransmitted per cut, and the peak RSS of the client process (with the proxy) and of
+   the server process (its own, as users run it; Linux /proc). Both sides check what arrives
+   against the workload as it arrives, holding nothing, so the memory is the sessions' own.
+   ``--full``: 10,000 messages each way of up to 1 MiB (``--count N`` for fewer).
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_resume.py [--full] [--rounds 5] [--only cost|chaos]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_resume.py [--full] [--count N] [--rounds 5]
+        [--only cost|chaos] [--scheme ws|quic]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import subprocess
 import sys
@@ -26,9 +31,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import m2mwire  # noqa: E402
-from m2mwire.api import Session  # noqa: E402
 from tests.chaosproxy import TcpChaosProxy, UdpChaosProxy  # noqa: E402
-from tests.test_resume import IDENT, check_exactly_once_in_order, workload  # noqa: E402
+from tests.test_resume import IDENT, same, workload_items  # noqa: E402
 
 SERVER = """
 import asyncio, sys
@@ -43,7 +47,9 @@ async def handler(session):
             await session.send(f"got {session.stats.messages_received}")
 
 async def main():
-    async with m2mwire.serve(handler, sys.argv[1] + "://127.0.0.1:0", algorithms=["none"]) as s:
+    url = sys.argv[1] + "://127.0.0.1:0"
+    # cert_dir=False: a throwaway server, nothing to keep in the state directory
+    async with m2mwire.serve(handler, url, algorithms=["none"], cert_dir=False) as s:
         print(s.port, s.fingerprint or "", flush=True)
         await asyncio.Event().wait()
 
@@ -101,44 +107,98 @@ async def cost(rounds: int) -> None:
             proc.wait()
 
 
-async def chaos(scheme: str, count: int, max_size: int) -> None:
-    to_server = workload(11, count, max_size)
-    to_client = workload(12, count, max_size)
-    server_got: list[m2mwire.Message] = []
-    done = asyncio.Event()
-    server_sessions: list[Session] = []
+# The chaos run's server, in its own process as users run it: it checks what it receives against
+# the workload as it arrives (nothing sent or received is kept, so its memory is the session's own)
+# and reports its peak RSS.
+CHAOS_SERVER = """
+import asyncio, json, sys
+import m2mwire
+from benchmarks.bench_resume import CLIENT_SEED, SERVER_SEED, QUIC_TIMERS, rss_mib
+from tests.test_resume import IDENT, same, workload_items
 
-    async def handler(session: Session) -> None:
-        server_sessions.append(session)
+scheme, count, max_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 
-        async def rx() -> None:
-            for _ in range(count):
-                server_got.append(await session.recv())
+async def main():
+    finished = asyncio.Event()
+    report = {}
 
-        async def tx() -> None:
-            for item in to_client:
+    async def handler(session):
+        wrong = []
+
+        async def rx():
+            for i, expected in enumerate(workload_items(CLIENT_SEED, count, max_size)):
+                if not same(expected, await session.recv()) and not wrong:
+                    wrong.append(i)
+
+        async def tx():
+            for item in workload_items(SERVER_SEED, count, max_size):
                 await session.send(item)
 
         await asyncio.gather(rx(), tx())
-        done.set()
+        report.update(
+            first_wrong=wrong[0] if wrong else None,
+            received=session.stats.messages_received,
+            retransmitted=session.stats.retransmitted,
+        )
+        finished.set()
         await session.wait_closed()
 
-    timers = {"ping_interval": 0.2, "pong_timeout": 0.2, "max_missed_pongs": 2} if scheme == "quic" else None
-    sopts: dict[str, Any] = {"identity": IDENT, "max_payload": 2 * max_size + 4096}
-    if timers:
-        sopts["timers"] = timers
-    async with m2mwire.serve(handler, f"{scheme}://127.0.0.1:0", **sopts) as server:
+    options = {"identity": IDENT, "max_payload": 2 * max_size + 4096, "cert_dir": False}
+    if scheme == "quic":
+        options["timers"] = QUIC_TIMERS
+    async with m2mwire.serve(handler, f"{scheme}://127.0.0.1:0", **options) as server:
+        start = {"port": server.port, "fingerprint": server.fingerprint, "rss_mib": rss_mib("VmRSS")}
+        print(json.dumps(start), flush=True)
+        await finished.wait()
+        report["peak_rss_mib"] = rss_mib("VmHWM")
+        print(json.dumps(report), flush=True)
+        await asyncio.Event().wait()  # until the client is done and terminates us
+
+asyncio.run(main())
+"""
+CLIENT_SEED, SERVER_SEED = 11, 12  # the workloads the client and the server send
+QUIC_TIMERS = {"ping_interval": 0.2, "pong_timeout": 0.2, "max_missed_pongs": 2}
+
+
+def rss_mib(field: str) -> float:
+    """This process's resident memory in MiB (Linux): ``VmRSS`` now, ``VmHWM`` its peak."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def reset_peak_rss() -> None:
+    """Start VmHWM again from the current RSS (Linux >= 4.0), so each transport's peak is its own."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
+def content_size(item: Any) -> int:
+    return int(item.nbytes) if hasattr(item, "nbytes") else len(str(item))
+
+
+async def chaos(scheme: str, count: int, max_size: int, cut_after: tuple[int, int]) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", CHAOS_SERVER, scheme, str(count), str(max_size),
+        stdout=asyncio.subprocess.PIPE, cwd=ROOT,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    try:
+        started = json.loads(await asyncio.wait_for(proc.stdout.readline(), 60))
+        reset_peak_rss()
+        client_base = rss_mib("VmRSS")
         proxy: TcpChaosProxy | UdpChaosProxy
         if scheme == "ws":
-            proxy = await TcpChaosProxy(server.port, cut_after=(200_000, 4_000_000), seed=3).start()
+            proxy = await TcpChaosProxy(started["port"], cut_after=cut_after, seed=3).start()
         else:
-            proxy = await UdpChaosProxy(server.port).start()
+            proxy = await UdpChaosProxy(started["port"]).start()
         lost_at: list[float] = []
         resume_times: list[float] = []
-        copts: dict[str, Any] = dict(sopts)
-        if server.fingerprint:
-            copts["fingerprint"] = server.fingerprint
-            copts["open_timeout"] = 0.3
+        copts: dict[str, Any] = {"identity": IDENT, "max_payload": 2 * max_size + 4096}
+        if scheme == "quic":
+            copts |= {"timers": QUIC_TIMERS, "fingerprint": started["fingerprint"], "open_timeout": 0.3}
         reconnect = m2mwire.Reconnect(initial_delay=0.01, max_delay=0.2, max_elapsed=30)
         t0 = time.perf_counter()
         async with m2mwire.connect(f"{scheme}://127.0.0.1:{proxy.port}", reconnect=reconnect, **copts) as s:
@@ -156,15 +216,19 @@ async def chaos(scheme: str, count: int, max_size: int) -> None:
 
             s._on_detached = on_detached  # type: ignore[method-assign]
             s._settle = settle  # type: ignore[method-assign]
-            got: list[m2mwire.Message] = []
+            wrong: list[int] = []
+            moved = [0]  # bytes of content, both directions
 
             async def rx() -> None:
-                for _ in range(count):
-                    got.append(await s.recv())
+                for i, expected in enumerate(workload_items(SERVER_SEED, count, max_size)):
+                    if not same(expected, await s.recv()) and not wrong:
+                        wrong.append(i)
+                    moved[0] += content_size(expected)
 
             async def tx() -> None:
-                for item in to_server:
+                for item in workload_items(CLIENT_SEED, count, max_size):
                     await s.send(item)
+                    moved[0] += content_size(item)
 
             async def blackholes() -> None:
                 assert isinstance(proxy, UdpChaosProxy)
@@ -179,26 +243,35 @@ async def chaos(scheme: str, count: int, max_size: int) -> None:
             await asyncio.gather(rx(), tx())
             if bh is not None:
                 bh.cancel()
-            await asyncio.wait_for(done.wait(), 60)
+            server = json.loads(await asyncio.wait_for(proc.stdout.readline(), 120))
             elapsed = time.perf_counter() - t0
-            check_exactly_once_in_order(to_client, got)
-            check_exactly_once_in_order(to_server, server_got)
-            cuts = s.stats.reconnects
-            retx = s.stats.retransmitted + server_sessions[0].stats.retransmitted
-            mb = (
-                sum(len(m.text or "") if m.avp is None else len(m.avp.payload) for m in got + server_got)
-                / 1e6
+            client_peak = rss_mib("VmHWM")
+            assert not wrong, f"client: message {wrong[0]} lost, duplicated or out of order"
+            assert server["first_wrong"] is None, f"server: message {server['first_wrong']} wrong"
+            assert s.stats.messages_received == count == server["received"], (
+                f"duplicates: client got {s.stats.messages_received}, server {server['received']} of {count}"
             )
+            cuts = s.stats.reconnects
+            retx = s.stats.retransmitted + server["retransmitted"]
             rt = sorted(resume_times)
             p50 = statistics.median(rt) * 1e3 if rt else float("nan")
             p99 = rt[min(len(rt) - 1, int(0.99 * len(rt)))] * 1e3 if rt else float("nan")
             print(
-                f"{scheme:5} {count} msgs each way (<= {max_size // 1024} KiB, {mb:.0f} MB): "
+                f"{scheme:5} {count} msgs each way (1 B .. {max_size // 1024} KiB, {moved[0] / 1e6:.0f} MB): "
                 "exactly once, in order; "
                 f"{cuts} resumes, time to resume p50 {p50:.0f} ms p99 {p99:.0f} ms, "
-                f"{retx / max(cuts, 1):.0f} messages retransmitted per cut (both directions), {elapsed:.1f} s"
+                f"{retx / max(cuts, 1):.1f} messages retransmitted per cut (both directions), {elapsed:.1f} s"
+            )
+            print(
+                f"{scheme:5} peak RSS: client {client_peak:.0f} MiB (at start {client_base:.0f}; with the "
+                f"proxy), server {server['peak_rss_mib']:.0f} MiB (at start {started['rss_mib']:.0f})",
+                flush=True,
             )
         await proxy.close()
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await proc.wait()
 
 
 async def main() -> None:
@@ -206,16 +279,21 @@ async def main() -> None:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--full", action="store_true", help="10,000 messages each way of up to 1 MiB")
+    parser.add_argument("--count", type=int, help="messages each way (default: 2,000; --full 10,000)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--only", choices=("cost", "chaos"))
+    parser.add_argument("--scheme", choices=("ws", "quic"), help="chaos over this transport only")
     args = parser.parse_args()
     if args.only != "chaos":
         await cost(args.rounds)
     if args.only != "cost":
         print("== chaos: cuts (ws) and blackholes (quic) while messages flow both ways ==")
         count, max_size = (10_000, 1024 * 1024) if args.full else (2000, 64 * 1024)
-        for scheme in ("ws", "quic"):
-            await chaos(scheme, count, max_size)
+        # WebSocket cuts: after 200 KB .. 4 MB, or 3 .. 60 of the largest messages with --full
+        # (a connection must carry a whole message for the run to progress).
+        cut_after = (3 * max_size, 60 * max_size) if args.full else (200_000, 4_000_000)
+        for scheme in (args.scheme,) if args.scheme else ("ws", "quic"):
+            await chaos(scheme, args.count or count, max_size, cut_after)
 
 
 if __name__ == "__main__":

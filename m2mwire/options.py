@@ -156,16 +156,20 @@ def split_options(options: dict[str, Any], call: Call, ep: Endpoint) -> tuple[Se
     """Check every option against ``call`` and the URL's scheme; returns (session config, transport options).
 
     A transport option set to None (or ``insecure=False``) is the same as leaving it out, so callers can
-    pass e.g. ``fingerprint=server.fingerprint`` whatever the scheme. ``cert_dir=False`` is kept: it
-    asks for a certificate in memory only (left out, cert_dir= means the default state directory).
+    pass e.g. ``fingerprint=server.fingerprint`` whatever the scheme. ``cert_dir=False`` is kept
+    where the scheme takes cert_dir: it asks for a certificate in memory only (left out, cert_dir=
+    means the default state directory); elsewhere there is no certificate, and it is left out too.
     """
     all_transport = _all_transport_options()
+    allowed = set(valid_options(call, ep.scheme))
     given = {
         k: v
         for k, v in options.items()
-        if not (k in all_transport and (v is None or (v is False and k not in _FALSE_IS_A_CHOICE)))
+        if not (
+            k in all_transport
+            and (v is None or (v is False and not (k in _FALSE_IS_A_CHOICE and k in allowed)))
+        )
     }
-    allowed = set(valid_options(call, ep.scheme))
     wrong = sorted(set(given) - allowed)
     if wrong:
         raise ConfigError(_not_applicable(wrong, call, ep.scheme))

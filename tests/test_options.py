@@ -51,6 +51,7 @@ def test_connect_rejects_options_that_do_not_apply(url: str, options: dict[str, 
         ("ws://127.0.0.1:0", {"insecure": True}, "insecure= is an option of connect(), not of serve()"),
         ("quic://127.0.0.1:0", {"fingerprint": FP}, "fingerprint= is an option of connect()"),
         ("ws://127.0.0.1:0", {"certfile": "c.pem"}, "certfile= applies to serve() with wss:// and quic://"),
+        ("ws://127.0.0.1:0", {"cert_dir": "certs"}, "cert_dir= applies to serve() with wss:// and quic://"),
     ],
 )
 def test_serve_rejects_options_that_do_not_apply(url: str, options: dict[str, object], says: str) -> None:
@@ -70,6 +71,8 @@ def test_each_call_lists_its_own_options() -> None:
 def test_none_means_not_given() -> None:
     connect("ws://127.0.0.1:1", fingerprint=None, cafile=None, insecure=False)
     serve(nothing, "ws://127.0.0.1:0", certfile=None, keyfile=None)
+    # cert_dir=False (a certificate in memory only) passes wherever there is no certificate to keep
+    serve(nothing, "ws://127.0.0.1:0", cert_dir=False, certfile=None)
 
 
 def test_optimize_is_checked_at_the_call_not_the_first_send() -> None:

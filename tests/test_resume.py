@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -34,20 +34,23 @@ FAST = Reconnect(initial_delay=0.01, max_delay=0.1, max_elapsed=10.0)
 QUIC_TIMERS = {"ping_interval": 0.2, "pong_timeout": 0.2, "max_missed_pongs": 2}
 
 
-def workload(seed: int, count: int, max_size: int) -> list[Any]:
-    """Text, JSON and AVP tensors of random sizes (1 B up to max_size), reproducible."""
+def workload_items(seed: int, count: int, max_size: int) -> Iterator[Any]:
+    """Text, JSON and AVP tensors of random sizes (1 B up to max_size), reproducible, made one at a
+    time (so a long run can compare what arrives without holding what was sent)."""
     rng = random.Random(seed)
-    out: list[Any] = []
     for i in range(count):
         size = int(rng.uniform(0, 1) ** 3 * max_size) + 1  # mostly small, some large
         kind = rng.choice(("text", "text", "json", "avp"))
         if kind == "text":
-            out.append(f"{i}:" + "x" * size)
+            yield f"{i}:" + "x" * size
         elif kind == "json":
-            out.append({"i": i, "data": "y" * size})
+            yield {"i": i, "data": "y" * size}
         else:
-            out.append(np.random.default_rng(i).random(max(1, size // 4), dtype=np.float32))
-    return out
+            yield np.random.default_rng(i).random(max(1, size // 4), dtype=np.float32)
+
+
+def workload(seed: int, count: int, max_size: int) -> list[Any]:
+    return list(workload_items(seed, count, max_size))
 
 
 def same(sent: Any, got: m2mwire.Message) -> bool:
