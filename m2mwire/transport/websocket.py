@@ -78,7 +78,7 @@ OnMessage = Callable[[Message], None]
 OnLost = Callable[[TransportError], None]
 
 
-class _PushMixin(compat.DataFrameHook):
+class _PushMixin(compat.DataFrameHook, compat.QuietAfterAbort):
     """Assemble data frames into messages and hand each to a callback (or buffer until one is set)."""
 
     protocol: Any
@@ -197,7 +197,7 @@ class _PushMixin(compat.DataFrameHook):
             # after a close), so one writelines() is one system call for all of them, where
             # websockets' send_data() makes one write() (a send() each) per frame.
             data = protocol.data_to_send()
-            if data:
+            if data and not self.transport.is_closing():  # else dropped: see QuietAfterAbort
                 self.transport.writelines(data)
         else:
             compat.flush(self)

@@ -24,6 +24,7 @@ fragment budget, the reply backlog) or a fast path.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, cast
 
 from websockets.asyncio.client import ClientConnection
@@ -102,6 +103,24 @@ class DataFrameHook:
             self.m2m_data_frame(event)
         else:
             super().process_event(event)  # type: ignore[misc]
+
+
+class QuietAfterAbort:
+    """Mixin (before a websockets asyncio ``Connection``): output queued once the transport is
+    closing is dropped instead of written. Resume aborts a connection from inside the session's
+    message callback; websockets then still answers the frames left in the same read (PINGs, a
+    close) and our batched frames are flushed at the end of the loop turn, and asyncio drops each
+    of those writes, logging the WARNING "socket.send() raised exception." from the fifth on:
+    noise on every reconnect, for bytes that could never arrive."""
+
+    transport: asyncio.Transport
+    protocol: Protocol
+
+    def send_data(self) -> None:
+        if self.transport.is_closing():
+            self.protocol.data_to_send()  # discarded: the connection is gone or going
+            return
+        super().send_data()  # type: ignore[misc]
 
 
 class PinBeforeHandshake:

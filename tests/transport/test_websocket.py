@@ -280,6 +280,33 @@ async def test_send_now_writes_whole_messages_and_declines_what_would_wait() -> 
         assert channel.send_now("after close") is False
 
 
+async def test_output_queued_after_an_abort_is_dropped_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    """Resume aborts a connection from inside the message callback; what is queued after that in
+    the same loop turn (websockets' own answers to the rest of the read, our batched frames) must
+    not be written to the dead transport, where asyncio logs "socket.send() raised exception."
+    from the fifth write on: a WARNING on every reconnect of a busy session."""
+    from websockets.asyncio.server import serve as ws_serve
+
+    from m2mwire.transport.websocket import connect_websocket
+
+    async def peer(ws: Any) -> None:
+        await ws.wait_closed()
+
+    async with ws_serve(peer, "127.0.0.1", 0, compression=None) as raw:
+        port = raw.sockets[0].getsockname()[1]
+        channel = await connect_websocket(f"ws://127.0.0.1:{port}", max_message_size=1024)
+        connection = channel._ws
+        connection.transport.abort()
+        with caplog.at_level(logging.WARNING, logger="asyncio"):
+            for _ in range(8):
+                connection.protocol.send_ping(b"")  # as websockets queues a PONG or a close
+                connection.send_data()
+                connection.protocol.send_binary(b"frame")  # as a batched message of ours
+                connection._m2m_flush()
+            await asyncio.sleep(0.05)
+        assert "socket.send() raised exception" not in caplog.text
+
+
 async def test_send_now_writes_a_burst_in_few_system_calls_and_a_lone_message_at_once() -> None:
     """Messages written without the loop turning go out together (one write per 64 KiB, and the
     rest when the turn ends), where each used to cost a send() system call of its own; the first
