@@ -117,6 +117,7 @@ from benchmarks.bench_resume import CLIENT_SEED, SERVER_SEED, QUIC_TIMERS, rss_m
 from tests.test_resume import IDENT, same, workload_items
 
 scheme, count, max_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+algorithms = sys.argv[4].split(",") if sys.argv[4] else None
 
 async def main():
     finished = asyncio.Event()
@@ -144,6 +145,8 @@ async def main():
         await session.wait_closed()
 
     options = {"identity": IDENT, "max_payload": 2 * max_size + 4096, "cert_dir": False}
+    if algorithms:
+        options["algorithms"] = algorithms
     if scheme == "quic":
         options["timers"] = QUIC_TIMERS
     async with m2mwire.serve(handler, f"{scheme}://127.0.0.1:0", **options) as server:
@@ -179,9 +182,11 @@ def content_size(item: Any) -> int:
     return int(item.nbytes) if hasattr(item, "nbytes") else len(str(item))
 
 
-async def chaos(scheme: str, count: int, max_size: int, cut_after: tuple[int, int]) -> None:
+async def chaos(
+    scheme: str, count: int, max_size: int, cut_after: tuple[int, int], algorithms: str = ""
+) -> None:
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", CHAOS_SERVER, scheme, str(count), str(max_size),
+        sys.executable, "-c", CHAOS_SERVER, scheme, str(count), str(max_size), algorithms,
         stdout=asyncio.subprocess.PIPE, cwd=ROOT,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -197,6 +202,8 @@ async def chaos(scheme: str, count: int, max_size: int, cut_after: tuple[int, in
         lost_at: list[float] = []
         resume_times: list[float] = []
         copts: dict[str, Any] = {"identity": IDENT, "max_payload": 2 * max_size + 4096}
+        if algorithms:
+            copts["algorithms"] = algorithms.split(",")
         if scheme == "quic":
             copts |= {"timers": QUIC_TIMERS, "fingerprint": started["fingerprint"], "open_timeout": 0.3}
         reconnect = m2mwire.Reconnect(initial_delay=0.01, max_delay=0.2, max_elapsed=30)
@@ -253,11 +260,13 @@ async def chaos(scheme: str, count: int, max_size: int, cut_after: tuple[int, in
             )
             cuts = s.stats.reconnects
             retx = s.stats.retransmitted + server["retransmitted"]
+            wire = s.stats.wire_bytes_sent + s.stats.wire_bytes_received  # the text compresses
             rt = sorted(resume_times)
             p50 = statistics.median(rt) * 1e3 if rt else float("nan")
             p99 = rt[min(len(rt) - 1, int(0.99 * len(rt)))] * 1e3 if rt else float("nan")
             print(
-                f"{scheme:5} {count} msgs each way (1 B .. {max_size // 1024} KiB, {moved[0] / 1e6:.0f} MB): "
+                f"{scheme:5} {count} msgs each way (1 B .. {max_size // 1024} KiB, {moved[0] / 1e6:.0f} MB, "
+                f"{wire / 1e6:.0f} MB on the wire): "
                 "exactly once, in order; "
                 f"{cuts} resumes, time to resume p50 {p50:.0f} ms p99 {p99:.0f} ms, "
                 f"{retx / max(cuts, 1):.1f} messages retransmitted per cut (both directions), {elapsed:.1f} s"
@@ -283,6 +292,9 @@ async def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--only", choices=("cost", "chaos"))
     parser.add_argument("--scheme", choices=("ws", "quic"), help="chaos over this transport only")
+    parser.add_argument(
+        "--algorithms", default="", help="chaos: e.g. none (the workload's text compresses well by default)"
+    )
     args = parser.parse_args()
     if args.only != "chaos":
         await cost(args.rounds)
@@ -293,7 +305,7 @@ async def main() -> None:
         # (a connection must carry a whole message for the run to progress).
         cut_after = (3 * max_size, 60 * max_size) if args.full else (200_000, 4_000_000)
         for scheme in (args.scheme,) if args.scheme else ("ws", "quic"):
-            await chaos(scheme, args.count or count, max_size, cut_after)
+            await chaos(scheme, args.count or count, max_size, cut_after, args.algorithms)
 
 
 if __name__ == "__main__":
