@@ -48,7 +48,7 @@ from m2mwire.codecs.avpframe import (
     check_shape,
     decompress_payload,
     float32_to_bfloat16,
-    metadata_bytes,
+    frame_head,
     requested_dtype,
     resolve_metadata,
     shape_bytes,
@@ -63,7 +63,6 @@ from m2mwire.codecs.avpheader import (
     FLAG_KV_CACHE,
     FLAG_RESERVED_MASK,
     HEADER_SIZE,
-    HEADER_STRUCT,
     MAGIC,
     MAX_PAYLOAD_LENGTH,
     VERSION,
@@ -189,8 +188,14 @@ class AVPMessage:
             _set(md, "extra", MappingProxyType(dict(extra)) if extra else _NO_EXTRA)
             _set(md, "payload_checksum", self._checksum)
             _set(md, "_wire", None)
+            _set(md, "_head", None)
             self._metadata = md
         return md
+
+    @property
+    def has_extra(self) -> bool:
+        """Whether the metadata's ``extra`` map has entries (read without building :attr:`metadata`)."""
+        return bool(self._pb.extra)
 
     @property
     def frame_length(self) -> int:
@@ -267,13 +272,18 @@ def _prepare(
     return [view], len(view), md.dtype, md.tensor_shape
 
 
+# Enum members read through the class cost ~50 ns each; the hot paths read these globals.
+_HIDDEN_STATE: Final = PayloadType.HIDDEN_STATE
+_FLOAT32: Final = DataType.FLOAT32
+
+
 def _fast_parts(payload: Any, md: AVPMetadata) -> list[bytes | memoryview] | None:
     """The hot path in a few lines: a contiguous little-endian float32/float16/int8 array and a
     HIDDEN_STATE metadata object, no keyword overrides, no compression. None when it does not apply."""
-    if type(payload) is not np.ndarray or md.payload_type is not PayloadType.HIDDEN_STATE:
+    if type(payload) is not np.ndarray or md.payload_type is not _HIDDEN_STATE:
         return None
     dtype = _FAST_DTYPES.get(payload.dtype)
-    if dtype is None or (md.dtype is not dtype and md.dtype is not DataType.FLOAT32):
+    if dtype is None or (md.dtype is not dtype and md.dtype is not _FLOAT32):
         return None
     try:
         view = payload.data.cast("B")
@@ -285,15 +295,8 @@ def _fast_parts(payload: Any, md: AVPMetadata) -> list[bytes | memoryview] | Non
         check_shape(shape, dtype, n, EncodeError)
     else:
         shape = payload.shape
-    crc = crc32(view)
-    meta = metadata_bytes(md, dtype, shape, False, crc)
-    payload_length = len(meta) + n
-    if payload_length > MAX_PAYLOAD_LENGTH:
-        return None  # the general path raises
-    head = (
-        HEADER_STRUCT.pack(MAGIC, VERSION, FLAG_HAS_MAP if md.avp_map_id else 0, payload_length, len(meta))
-        + meta
-    )
+    crc = crc32(view) if n < ZLIB_CRC_BELOW else deflate_crc32(view)
+    head = frame_head(md, dtype, shape, n, crc)
     return [head, view] if n else [head]
 
 

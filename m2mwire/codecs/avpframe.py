@@ -60,6 +60,7 @@ __all__ = [
     "compress_chunks",
     "decompress_payload",
     "float32_to_bfloat16",
+    "frame_head",
     "metadata_bytes",
     "requested_dtype",
     "resolve_metadata",
@@ -185,6 +186,10 @@ class AVPMetadata:
     payload_checksum: int | None = None
     # Serialized fields 1-14 by (dtype, tensor_shape, compressed): see metadata_bytes().
     _wire: dict[tuple[int, tuple[int, ...], bool], bytes] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
+    # The fast encoder's last (dtype, tensor_shape, payload size, frame head): see frame_head().
+    _head: tuple[DataType, tuple[int, ...], int, bytes] | None = field(
         default=None, init=False, repr=False, compare=False
     )
 
@@ -445,23 +450,65 @@ def metadata_bytes(
             cache.clear()
         cache[key] = prefix
     if checksum >= 1 << 28:  # 15 of 16 CRCs: a 5-byte varint
-        return prefix + bytes(
-            (
-                0x78,  # field 15, varint
-                (checksum & 0x7F) | 0x80,
-                ((checksum >> 7) & 0x7F) | 0x80,
-                ((checksum >> 14) & 0x7F) | 0x80,
-                ((checksum >> 21) & 0x7F) | 0x80,
-                checksum >> 28,
-            )
-        )
+        return prefix + b"\x78" + _checksum_varint5(checksum)
     out = bytearray(prefix)
-    out.append(0x78)
+    out.append(0x78)  # field 15, varint
     while checksum > 0x7F:
         out.append((checksum & 0x7F) | 0x80)
         checksum >>= 7
     out.append(checksum)
     return bytes(out)
+
+
+def _checksum_varint5(checksum: int) -> bytes:
+    """The varint of a checksum >= 2**28 (five bytes)."""
+    return bytes(
+        (
+            (checksum & 0x7F) | 0x80,
+            ((checksum >> 7) & 0x7F) | 0x80,
+            ((checksum >> 14) & 0x7F) | 0x80,
+            ((checksum >> 21) & 0x7F) | 0x80,
+            checksum >> 28,
+        )
+    )
+
+
+def frame_head(
+    md: AVPMetadata, dtype: DataType, shape: tuple[int, ...], body_len: int, checksum: int
+) -> bytes:
+    """The 12-byte header and the metadata (fields 1-15) of an uncompressed frame with a payload
+    of ``body_len`` bytes; EncodeError when payload_length overflows its u32 field.
+
+    The encoder's fast path (``avp._fast_parts``). A stream of frames of one shape repeats all of
+    it but the checksum: for the usual 5-byte checksum varint (15 of 16 CRCs) the bytes before it
+    are kept with the metadata object (``_head``, for the last dtype, shape and size), so such a
+    frame costs one concatenation. :func:`build_frame` makes the same bytes without it.
+    """
+    if checksum >= 1 << 28:
+        last = md._head
+        # Compared, not looked up: hashing an Enum member runs Python code (~0.15 us).
+        if last is None or last[0] is not dtype or last[2] != body_len or last[1] != shape:
+            tagged = metadata_bytes(md, dtype, shape, False, 0)[:-1]  # fields 1-14 and field 15's tag
+            last = (dtype, shape, body_len, _header(md, False, len(tagged) + 5, body_len) + tagged)
+            _set(md, "_head", last)  # one store: another thread sees the old head or the new one
+        return last[3] + _checksum_varint5(checksum)
+    meta = metadata_bytes(md, dtype, shape, False, checksum)
+    return _header(md, False, len(meta), body_len) + meta
+
+
+def _header(md: AVPMetadata, compressed: bool, meta_len: int, body_len: int) -> bytes:
+    payload_length = meta_len + body_len
+    if payload_length > MAX_PAYLOAD_LENGTH:
+        raise EncodeError(
+            f"AVP payload_length would be {payload_length} bytes; the u32 header field allows at most "
+            f"{MAX_PAYLOAD_LENGTH}"
+        )
+    flags = (
+        (FLAG_COMPRESSED if compressed else 0)
+        | (FLAG_HAS_MAP if md.avp_map_id else 0)
+        | (FLAG_KV_CACHE if md.payload_type is PayloadType.KV_CACHE else 0)
+    )
+    return HEADER_STRUCT.pack(MAGIC, VERSION, flags, payload_length, meta_len)
 
 
 def shape_bytes(shape: tuple[int, ...], itemsize: int, cap: int) -> int:
@@ -504,20 +551,10 @@ def build_frame(
         packed = compress_chunks(chunks, total, level)
         body = list(packed)
         body_len = sum(len(p) for p in packed)
+    # Not frame_head(): its cached template is the encoder's fast path, and this general path is
+    # what tests/codecs/test_avp_differential.py holds it to.
     meta = metadata_bytes(md, dtype, shape, level is not None, checksum)
-    payload_length = len(meta) + body_len
-    if payload_length > MAX_PAYLOAD_LENGTH:
-        raise EncodeError(
-            f"AVP payload_length would be {payload_length} bytes; the u32 header field allows at most "
-            f"{MAX_PAYLOAD_LENGTH}"
-        )
-    flags = (
-        (FLAG_COMPRESSED if level is not None else 0)
-        | (FLAG_HAS_MAP if md.avp_map_id else 0)
-        | (FLAG_KV_CACHE if md.payload_type is PayloadType.KV_CACHE else 0)
-    )
-    head = HEADER_STRUCT.pack(MAGIC, VERSION, flags, payload_length, len(meta)) + meta
-    body.insert(0, head)
+    body.insert(0, _header(md, level is not None, len(meta), body_len) + meta)
     return body
 
 

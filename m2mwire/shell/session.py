@@ -74,6 +74,10 @@ class HandedOver(M2MError):
     """Server: this connection's resuming HELLO moved it to the session it resumes."""
 
 
+def _no_encoder(_content: object, _metadata: object) -> Sequence[Buffer]:
+    raise AssertionError("Session._avp_encode is bound with the session's AVP metadata")
+
+
 def _ignore(_arg: object) -> None:
     """Callbacks of a channel the session left: it is aborted, what it still says is moot."""
 
@@ -112,6 +116,7 @@ class Session:
         self._timer_handle: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._avp_metadata: AVPMetadata | None = None
+        self._avp_encode: Callable[[np.ndarray[Any, Any], AVPMetadata], Sequence[Buffer]] = _no_encoder
         self._paused = False  # we stopped reading on purpose (see _update_reading)
         self._closing = False
         self._correlator = Correlator()  # our requests waiting for answers
@@ -652,26 +657,13 @@ class Session:
         if type(content) is bytes or isinstance(content, bytearray | memoryview):
             return (content,)
         if is_ndarray(content):
-            from m2mwire import avp  # local: keeps numpy/protobuf work off the import path of text users
-
-            if self._avp_metadata is None:
-                # Built once per session: identical metadata keeps encode_parts on its fast path.
-                info = self.info
-                identity = self._protocol.config.identity
-                self._avp_metadata = avp.AVPMetadata(
-                    session_id=info.session_id,
-                    source_agent_id=self._protocol.config.agent_id,
-                    target_agent_id=info.peer_agent_id,
-                    model_id=identity.model_id if identity is not None else "",
-                    hidden_dim=identity.hidden_dim if identity is not None else 0,
-                    num_layers=identity.num_layers if identity is not None else 0,
-                    mode=avp.CommunicationMode.LATENT,
-                    avp_map_id=info.avp_map_id,
-                )
+            metadata = self._avp_metadata
+            if metadata is None:
+                metadata = self._build_avp_metadata()
             if extra:
                 # A metadata of its own: the session's cached one stays on encode_parts' fast path.
-                return avp.encode_parts(content, dataclasses.replace(self._avp_metadata, extra=extra))
-            return avp.encode_parts(content, self._avp_metadata)
+                metadata = dataclasses.replace(metadata, extra=extra)
+            return self._avp_encode(content, metadata)
         avp_module = sys.modules.get("m2mwire.codecs.avp")  # an AVPMessage exists only once it is loaded
         if avp_module is not None and isinstance(content, avp_module.AVPMessage):
             return (content.raw,)
@@ -679,6 +671,28 @@ class Session:
             f"send() takes str, dict, list, a numpy array, an AVPMessage or AVP frame bytes, "
             f"not {type(content).__name__}"
         )
+
+    def _build_avp_metadata(self) -> AVPMetadata:
+        """The session's AVP metadata, built on its first tensor (identical metadata keeps
+        encode_parts on its fast path); also binds the encoder, so that numpy and protobuf load
+        only for sessions that send tensors, and later tensors skip the import statement."""
+        from m2mwire import avp
+
+        info = self.info
+        identity = self._protocol.config.identity
+        metadata = avp.AVPMetadata(
+            session_id=info.session_id,
+            source_agent_id=self._protocol.config.agent_id,
+            target_agent_id=info.peer_agent_id,
+            model_id=identity.model_id if identity is not None else "",
+            hidden_dim=identity.hidden_dim if identity is not None else 0,
+            num_layers=identity.num_layers if identity is not None else 0,
+            mode=avp.CommunicationMode.LATENT,
+            avp_map_id=info.avp_map_id,
+        )
+        self._avp_metadata = metadata
+        self._avp_encode = avp.encode_parts
+        return metadata
 
     def _after_protocol_step(self) -> None:
         """Collect events and re-arm the timer after the protocol was fed something."""

@@ -84,6 +84,44 @@ def test_the_fast_encoder_applies_to_the_usual_frame() -> None:
         assert b"".join(parts) == b"".join(codec._general_parts(np.ones((2, 4), dtype=dtype), md, False, {}))
 
 
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_one_metadata_object_through_a_stream_of_arrays(data: st.DataObject) -> None:
+    """The fast encoder keeps the last frame head on the metadata object (the session sends every
+    tensor with one): each frame of a stream whose shape, dtype and content vary must still be
+    what the general encoder writes."""
+    md = avp.AVPMetadata(
+        session_id=data.draw(TEXT),
+        model_id=data.draw(TEXT),
+        avp_map_id=data.draw(st.sampled_from(["", "vocab:0123456789abcdef"])),
+        extra=data.draw(st.dictionaries(TEXT, TEXT, max_size=2)),
+    )
+    for _ in range(data.draw(st.integers(1, 6))):
+        n = data.draw(st.integers(0, 6))
+        dtype = data.draw(st.sampled_from(["<f4", "<f2", "i1"]))
+        # A drawn offset varies the content, hence the checksum (and its varint length).
+        arr = (np.arange(n) + data.draw(st.integers(0, 60000))).astype(dtype)
+        fast = codec._fast_parts(arr, md)
+        assert fast is not None
+        assert b"".join(fast) == b"".join(codec._general_parts(arr, md, False, {}))
+
+
+def test_the_cached_frame_head_is_used_and_replaced() -> None:
+    """The property above is not vacuous: same-shaped frames reuse the head, another size
+    replaces it."""
+    md = avp.AVPMetadata(model_id="m")
+    heads = []
+    for arr in (np.full(4, 3, np.float32), np.full(4, 7, np.float32), np.full(6, 7, np.float32)):
+        checksum = avp.crc32(arr.tobytes())
+        assert checksum >= 1 << 28  # the cached case: a 5-byte checksum varint
+        fast = codec._fast_parts(arr, md)
+        assert fast is not None
+        assert b"".join(fast) == b"".join(codec._general_parts(arr, md, False, {}))
+        heads.append(md._head)
+    assert heads[0] is heads[1]
+    assert heads[2] is not heads[1]
+
+
 def summary(msg: avp.AVPMessage) -> tuple[Any, ...]:
     return (
         msg.header,

@@ -7,6 +7,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from m2mwire import avp
 from m2mwire.codecs import Algorithm, Encoding
@@ -16,6 +18,7 @@ from m2mwire.codecs.wire import encode_with
 from m2mwire.errors import DecodeError, EncodeError, LimitExceeded, M2MError
 from m2mwire.schemas.codes import SessionCode, Violation
 from m2mwire.schemas.messages import DataPayload, decode_data
+from m2mwire.session import payload
 from m2mwire.session.payload import (
     AVP_MORE_KEY,
     AVP_REPLY_TO_KEY,
@@ -329,3 +332,46 @@ def test_a_header_split_across_buffers_is_read_whole(cut: int) -> None:
     pump(c, s, 1.0, got)
     (message,) = got
     assert message.avp is not None and bytes(message.avp.raw) == frame
+
+
+@st.composite
+def frame_parts(draw: st.DrawFn) -> list[bytes | bytearray | memoryview]:
+    """A frame cut into buffers of every kind a sender may pass: bytes, bytearray, byte views,
+    and views of other item formats (a float32 tensor's memory)."""
+    frame = draw(st.binary(max_size=40))
+    cuts = sorted(draw(st.lists(st.integers(0, len(frame)), max_size=4)))
+    parts: list[bytes | bytearray | memoryview] = []
+    for start, end in zip([0, *cuts], [*cuts, len(frame)], strict=True):
+        piece = frame[start:end]
+        kind = draw(st.sampled_from(["bytes", "bytearray", "view", "float32"]))
+        if kind == "bytearray":
+            parts.append(bytearray(piece))
+        elif kind == "view":
+            parts.append(memoryview(piece))
+        elif kind == "float32" and len(piece) % 4 == 0:
+            parts.append(memoryview(np.frombuffer(piece, dtype=np.float32)))
+        else:
+            parts.append(piece)
+    return parts
+
+
+@settings(max_examples=400, deadline=None)
+@given(parts=frame_parts())
+def test_the_frame_measure_fast_path_agrees_with_the_general_one(
+    parts: list[bytes | bytearray | memoryview],
+) -> None:
+    """check_avp_frame's fast path (a bytes first part holding the whole header: the session's
+    encode_parts output) gives the general path's size and header."""
+    size, head = payload._frame_size_and_head(parts)
+    general_size, general_head = payload._frame_size_and_head_general(parts)
+    assert size == general_size
+    assert bytes(head[: avp.HEADER_SIZE]) == bytes(general_head[: avp.HEADER_SIZE])
+
+
+def test_the_frame_measure_fast_path_is_taken() -> None:
+    """The property above is not vacuous: encode_parts' output takes the fast path."""
+    parts = avp.encode_parts(np.arange(8, dtype=np.float32))
+    assert type(parts[0]) is bytes and len(parts[0]) >= avp.HEADER_SIZE
+    size, head = payload._frame_size_and_head(parts)
+    assert head is parts[0]  # the general path builds a bytearray instead
+    assert size == len(b"".join(parts))

@@ -125,27 +125,29 @@ def _frame(message: OutgoingMessage) -> tuple[int, list[Buffer]]:
         if length <= _JOIN_LIMIT:
             return HEADER_SIZE + length, [encode_header(KIND_BINARY, length) + message]
         return HEADER_SIZE + length, [encode_header(KIND_BINARY, length), message]
-    if isinstance(message, str):
-        try:
-            body = message.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise EncodeError(
-                f"text message is not encodable as UTF-8 ({exc.reason} at index {exc.start}); "
-                "text channels carry JSON, which must be valid Unicode"
-            ) from None
-        length = len(body)
-        if length <= _JOIN_LIMIT:
-            return HEADER_SIZE + length, [encode_header(KIND_TEXT, length) + body]
-        return HEADER_SIZE + length, [encode_header(KIND_TEXT, length), body]
-    if isinstance(message, bytes | bytearray | memoryview):
-        message = (message,)
+    if type(message) is not tuple:  # a tuple: a binary message as parts (the session's AVP frames)
+        if isinstance(message, str):
+            try:
+                body = message.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise EncodeError(
+                    f"text message is not encodable as UTF-8 ({exc.reason} at index {exc.start}); "
+                    "text channels carry JSON, which must be valid Unicode"
+                ) from None
+            length = len(body)
+            if length <= _JOIN_LIMIT:
+                return HEADER_SIZE + length, [encode_header(KIND_TEXT, length) + body]
+            return HEADER_SIZE + length, [encode_header(KIND_TEXT, length), body]
+        if isinstance(message, bytes | bytearray | memoryview):
+            message = (message,)
     length = 0
     for part in message:  # bounded by the parts
-        length += memoryview(part).nbytes
+        # A view's size in bytes is nbytes; bytes and bytearray (the other Buffers) count bytes.
+        length += part.nbytes if type(part) is memoryview else len(part)
     header = encode_header(KIND_BINARY, length)
     if length <= _JOIN_LIMIT:
         # bytes.join copies any contiguous buffer whole, whatever its item format: no views needed.
-        return HEADER_SIZE + length, [b"".join([header, *message])]
+        return HEADER_SIZE + length, [b"".join((header, *message))]
     # Written piecewise, sliced by byte offsets: byte views of the parts.
     return HEADER_SIZE + length, [header, *(_byte_view(p) for p in message)]
 
