@@ -114,6 +114,7 @@ __all__ = [
 
 BufferLike: TypeAlias = Buffer  # the name this module has always exported
 _U32: Final = struct.Struct("<I")
+_U32_U8: Final = struct.Struct("<IB")  # a 5-byte checksum varint, read at once
 
 _new_metadata = object.__new__
 _set = object.__setattr__
@@ -540,26 +541,47 @@ def _decode_known(mv: memoryview) -> AVPMessage | bytes | None:
         return None
     # The checksum varint, read backwards: a last byte < 0x80, at most 4 continuation bytes
     # (>= 0x80) before it, and the tag before those.
-    i = meta_end - 1
-    value = mv[i]
-    if value >= 0x80:
-        return None
-    i -= 1
-    low = max(meta_end - 5, HEADER_SIZE)
-    while i >= low and (b := mv[i]) >= 0x80:
-        value = (value << 7) | (b & 0x7F)
+    i = meta_end - 6
+    if i >= HEADER_SIZE and mv[i] == _CHECKSUM_TAG:
+        # The usual 5-byte varint (15 of 16 CRCs) as one integer: four bytes with the
+        # continuation bit, a last one under 0x10 (a uint32's top 4 bits); else the loop below.
+        low, top = _U32_U8.unpack_from(mv, i + 1)
+        if low & 0x8080_8080 == 0x8080_8080 and top < 0x10:
+            value = (
+                (low & 0x7F)
+                | (low >> 1 & 0x3F80)
+                | (low >> 2 & 0x1F_C000)
+                | (low >> 3 & 0xFE0_0000)
+                | top << 28
+            )
+        else:
+            i = -1
+    else:
+        i = -1
+    if i < 0:
+        i = meta_end - 1
+        value = mv[i]
+        if value >= 0x80:
+            return None
         i -= 1
-    if i < HEADER_SIZE or mv[i] != _CHECKSUM_TAG or value > 0xFFFF_FFFF:
-        return None
+        low = max(meta_end - 5, HEADER_SIZE)
+        while i >= low and (b := mv[i]) >= 0x80:
+            value = (value << 7) | (b & 0x7F)
+            i -= 1
+        if i < HEADER_SIZE or mv[i] != _CHECKSUM_TAG or value > 0xFFFF_FFFF:
+            return None
     key = mv[:i].tobytes()
     t = _TEMPLATES.get(key)
-    if t is None or t.frame_length != size:
+    if t is None:
+        return key
+    header, pb, payload_type, dtype, tensor_shape, length = t  # one unpack, not six attribute reads
+    if length != size:
         return key
     payload = mv[meta_end:]
     actual = crc32(payload) if len(payload) < ZLIB_CRC_BELOW else deflate_crc32(payload)
     if actual != value:
         raise _checksum_mismatch(value, actual)
-    return AVPMessage(mv, t.header, payload, t.pb, t.payload_type, t.dtype, t.tensor_shape, value)
+    return AVPMessage(mv, header, payload, pb, payload_type, dtype, tensor_shape, value)
 
 
 def _learn(key: bytes, mv: memoryview, msg: AVPMessage) -> None:

@@ -210,7 +210,7 @@ def decode_binary(
         frame = (_avp_decode or _load_avp_decode())(data, max_output_bytes=payload_limit)
         payload_bytes = len(frame.payload)
         # the payload is a view into the frame unless it was decompressed
-        held = size + payload_bytes if frame.header.compressed else size
+        held = size + payload_bytes if frame.header.flags & FLAG_COMPRESSED else size
         # has_extra first: building frame.metadata costs more than decoding the frame
         if frame.has_extra and (
             AVP_REQUEST_ID_KEY in (extra := frame.metadata.extra) or AVP_REPLY_TO_KEY in extra

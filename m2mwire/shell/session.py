@@ -457,8 +457,9 @@ class Session:
         while not inbox:
             await self._inbox_waiter()
         message = inbox.popleft()
-        self._inbox_bytes -= queued_cost(message)
-        if self._paused:
+        self._inbox_bytes -= message.decoded_bytes or queued_cost(message)  # the call only when 0
+        if self._paused and len(inbox) <= self._max_queue // 2:
+            # Above half max_queue the inbox alone keeps reading paused (see _update_reading).
             self._update_reading()
         return message
 
@@ -926,7 +927,7 @@ class Session:
                     return
                 inbox = self._inbox
                 inbox.append(message)
-                self._inbox_bytes += queued_cost(message)
+                self._inbox_bytes += message.decoded_bytes or queued_cost(message)
                 if self._receivers:
                     self._wake_receivers()
                 if (

@@ -155,9 +155,12 @@ def unacked(stream: QuicStream) -> int:
     return len(stream.sender._buffer)
 
 
-def write(stream: QuicStream, data: bytes | memoryview) -> None:
-    """What ``send_stream_data`` does once the stream exists, without its per-call lookups."""
-    stream.sender.write(cast(bytes, data))
+def write(stream: QuicStream, data: bytes | bytearray | memoryview) -> None:
+    """What ``send_stream_data`` does once the stream exists, without its per-call lookups.
+
+    aioquic types ``data`` as bytes but appends it to a bytearray, which takes any byte buffer
+    (the channel writes bytes and 1-D byte views); no typing.cast, a call per message."""
+    stream.sender.write(data)  # type: ignore[arg-type]
 
 
 def sender_finished(stream: QuicStream) -> bool:

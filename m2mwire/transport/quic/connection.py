@@ -229,12 +229,15 @@ class Connection(compat.ProtocolBase):
         return stream_id, cast(QuicStream, compat.get_stream(quic, stream_id))
 
     def wrote(self, channel: QuicChannel, n: int) -> None:
+        if not self.unflushed:
+            # The turn's first write schedules the flush; transmit() zeroes unflushed, and a
+            # scheduled flush is never cancelled, so later writes of the turn need not ask again.
+            self.transmit_soon()
         self.unflushed += n
         self.send_buffered += n
         if self.send_buffered > self.stats.send_buffered_peak:
             self.stats.send_buffered_peak = self.send_buffered
         self._send_active.add(channel)
-        self.transmit_soon()
 
     def unread_changed(self, delta: int, flush: bool) -> None:
         if delta:
