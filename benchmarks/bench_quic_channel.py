@@ -41,7 +41,7 @@ import statistics
 import struct
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from importlib.metadata import version
 from pathlib import Path
@@ -134,27 +134,58 @@ def m2mwire_server(port_queue: Any, tuning: dict[str, Any]) -> None:
     asyncio.run(main())
 
 
+# m2mwire's QUIC server closes a connection that carried no channel for its idle timeout (20 s).
+# A factory's connection sits unused while the other suites run their share of a round, which can
+# take longer than that (a loaded machine; uvloop, whose UDP path is slower here): reused then, it
+# failed with "closed by the peer ... no channel open for 20 s". So a factory reuses its connection
+# only within REUSE_FOR seconds of its last channel's start (its idle time is shorter still, so the
+# server cannot be closing it), and otherwise opens a fresh one before the measurement starts.
+REUSE_FOR = 10.0
+
+
+class SharedConnection:
+    """The QUIC connection a factory's channels share, reopened when it may have gone idle."""
+
+    def __init__(self, open_connection: Callable[[], Awaitable[QuicClientConnection]]) -> None:
+        self._open = open_connection
+        self._conn: QuicClientConnection | None = None
+        self._used = 0.0
+
+    async def get(self) -> QuicClientConnection:
+        now = time.monotonic()
+        conn = self._conn
+        if conn is None or conn.closed or now - self._used >= REUSE_FOR:
+            self._conn = None
+            if conn is not None:
+                await conn.close()  # its channels are closed: the bench runs one at a time
+            conn = self._conn = await self._open()
+        self._used = now
+        return conn
+
+    async def aclose(self) -> None:
+        if self._conn is not None:
+            await self._conn.close()
+
+
 class M2MWireFactory:
     def __init__(self, port: int, fingerprint: str, tuning: dict[str, Any]) -> None:
-        self._args = (port, fingerprint, tuning)
-        self._conn: QuicClientConnection | None = None
-
-    async def __call__(self) -> BenchChannel:
-        if self._conn is None:
-            port, fingerprint, tuning = self._args
-            self._conn = await connect_quic(
+        self._conn = SharedConnection(
+            functools.partial(
+                connect_quic,
                 "127.0.0.1",
                 port,
                 fingerprint=fingerprint,
                 max_message_size=MAX_MESSAGE,
                 tuning=QuicTuning(**tuning),
             )
-        channel: QuicChannel = await self._conn.open_channel()
+        )
+
+    async def __call__(self) -> BenchChannel:
+        channel: QuicChannel = await (await self._conn.get()).open_channel()
         return channel
 
     async def aclose(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
+        await self._conn.aclose()
 
 
 # -- suite 2: raw aioquic, one stream per channel, 4-byte length prefix, same tuning ---------------
@@ -300,8 +331,15 @@ class RawFactory:
         self._acks = acks
         self._proto: RawProtocol | None = None
         self._transport: asyncio.DatagramTransport | None = None
+        self._used = 0.0
 
     async def __call__(self) -> BenchChannel:
+        # The raw connection has aioquic's silent 60 s idle timeout and no keepalive: the same
+        # rule as SharedConnection's keeps a long round from finding it gone.
+        now = time.monotonic()
+        if self._proto is not None and now - self._used >= REUSE_FOR:
+            await self.aclose()
+        self._used = now
         if self._proto is None:
             loop = asyncio.get_running_loop()
             config = _raw_config(is_client=True)
@@ -321,12 +359,14 @@ class RawFactory:
         return stream
 
     async def aclose(self) -> None:
-        if self._proto is not None:
-            self._proto.close()
+        proto, transport = self._proto, self._transport
+        self._proto = self._transport = None
+        if proto is not None:
+            proto.close()
             async with asyncio.timeout(5):
-                await self._proto.wait_closed()
-        if self._transport is not None:
-            self._transport.close()
+                await proto.wait_closed()
+        if transport is not None:
+            transport.close()
 
 
 # -- m2mwire sessions (the public API) over QUIC and over WebSocket ----------------------------------
@@ -391,25 +431,23 @@ class SessionFactory:
 
     def __init__(self, port: int, fingerprint: str, tuning: dict[str, Any], *, scheme: str) -> None:
         self._url = f"{scheme}://127.0.0.1:{port}"
-        self._fingerprint = fingerprint
-        self._conn: QuicClientConnection | None = None
+        self._conn = SharedConnection(  # QUIC only: WebSocket sessions open their own connections
+            functools.partial(
+                open_quic_connection, self._url, fingerprint=fingerprint, max_payload=MAX_MESSAGE
+            )
+        )
 
     async def __call__(self) -> BenchChannel:
         options: dict[str, Any] = {}
         if self._url.startswith("quic:"):
-            if self._conn is None:
-                self._conn = await open_quic_connection(
-                    self._url, fingerprint=self._fingerprint, max_payload=MAX_MESSAGE
-                )
-            options["connection"] = self._conn
+            options["connection"] = await self._conn.get()
         session = await connect(
             self._url, identity=IDENT, max_payload=MAX_MESSAGE, algorithms=["none"], **options
         )
         return SessionAdapter(session)
 
     async def aclose(self) -> None:
-        if self._conn is not None:
-            await self._conn.close()
+        await self._conn.aclose()
 
 
 # -- measurements ------------------------------------------------------------------------------------
