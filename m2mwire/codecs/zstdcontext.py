@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Final
 
 from m2mwire.codecs.checksum import crc32
 from m2mwire.codecs.limits import MiB, check_size
+from m2mwire.codecs.zstdraw import RawCompressor, RawDecompressor, RawError, raw_available
 from m2mwire.errors import DecodeError, EncodeError
 
 # zstandard is imported where a context or dictionary is used (~50 ns once loaded), not here: every
@@ -112,19 +113,11 @@ class ZstdDictionary:
 
     data: bytes
     id: str = field(init=False)
-    _compiled: zstandard.ZstdCompressionDict = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.data, bytes) or not self.data:
             raise EncodeError("a zstd dictionary is non-empty bytes (e.g. from train_dictionary())")
         object.__setattr__(self, "id", hashlib.sha256(self.data).hexdigest())
-        import zstandard
-
-        object.__setattr__(self, "_compiled", zstandard.ZstdCompressionDict(self.data))
-
-    @property
-    def compiled(self) -> zstandard.ZstdCompressionDict:
-        return self._compiled
 
 
 def train_dictionary(samples: Sequence[bytes], size: int = 64 * 1024) -> ZstdDictionary:
@@ -163,151 +156,76 @@ def _parameters(level: int, window: int) -> zstandard.ZstdCompressionParameters:
     )
 
 
-def _frame_dict(
-    primer: bytes | None, dictionary: ZstdDictionary | None
-) -> zstandard.ZstdCompressionDict | None:
-    """What primes a context's next frame: the history given to restart() as raw content, else
-    the shared dictionary (the first frame after a reset), else nothing."""
-    import zstandard
+class _ObjCompressor:
+    """The general path of one direction (python-zstandard's objects; see codecs/zstdraw.py for
+    why the raw contexts are preferred): a frame primed with a dictionary or a prefix needs a new
+    ZstdCompressor, since its dictionary is bound when it is built."""
 
-    if primer is not None:
-        return (
-            zstandard.ZstdCompressionDict(primer, dict_type=zstandard.DICT_TYPE_RAWCONTENT)
-            if primer
-            else None
-        )
-    return dictionary.compiled if dictionary is not None else None
+    __slots__ = ("_cctx", "_cobj", "_params")
 
-
-class ContextCompressor:
-    """The sending half of one direction. Created cheaply; zstd memory is taken on first use."""
-
-    __slots__ = ("_cctx", "_cobj", "_dictionary", "_level", "_primer", "_window", "messages")
-
-    def __init__(
-        self,
-        window: int = DEFAULT_WINDOW,
-        *,
-        level: int = DEFAULT_LEVEL,
-        dictionary: ZstdDictionary | None = None,
-    ) -> None:
-        if not MIN_WINDOW <= window <= MAX_WINDOW or window & (window - 1):
-            raise EncodeError(
-                f"zstd window must be a power of two in [{MIN_WINDOW}, {MAX_WINDOW}], not {window}"
-            )
-        if not 1 <= level <= 19:
-            raise EncodeError(f"zstd level must be 1..19 here, not {level}")
-        self._window = window
-        self._level = level
-        self._dictionary = dictionary
+    def __init__(self, params: zstandard.ZstdCompressionParameters) -> None:
+        self._params = params
         self._cctx: zstandard.ZstdCompressor | None = None
         self._cobj: zstandard.ZstdCompressionObj | None = None
-        self._primer: bytes | None = None  # raw-content history of the next frame (see restart)
-        self.messages = 0  # compressed since the last reset
 
-    def _start(self) -> zstandard.ZstdCompressionObj:
+    def start(self, primer: bytes | None, dictionary: bytes | None) -> None:
         import zstandard
 
+        data, kind = (
+            (primer, zstandard.DICT_TYPE_RAWCONTENT) if primer else (dictionary, zstandard.DICT_TYPE_AUTO)
+        )
         self._cctx = zstandard.ZstdCompressor(
-            compression_params=_parameters(self._level, self._window),
-            dict_data=_frame_dict(self._primer, self._dictionary),
+            compression_params=self._params,
+            dict_data=zstandard.ZstdCompressionDict(data, dict_type=kind) if data else None,
         )
         self._cobj = self._cctx.compressobj()
-        return self._cobj
 
-    def compress(self, data: bytes, prefix: bytes = b"") -> bytes:
-        """``prefix`` + the payload for one message: CRC-32 + the flushed zstd bytes (history is kept)."""
+    def compress(self, data: bytes, head: bytes) -> bytes:
         import zstandard
 
-        cobj = self._cobj or self._start()
-        try:
-            # compress() only buffers a message smaller than a block; flush() emits it all.
-            head = cobj.compress(data)
-            tail = cobj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)
-        except zstandard.ZstdError as exc:  # pragma: no cover - zstd fails only on exhausted memory
-            raise EncodeError(f"zstd compression failed: {exc}") from None
-        self.messages += 1
-        return b"".join((prefix, crc32(data).to_bytes(_CRC_SIZE, "big"), head, tail))
-
-    def restart(self, history: bytes) -> None:
-        """End the frame: the next payload starts a new one primed with ``history`` as raw content
-        (``DICT_TYPE_RAWCONTENT``; the shared dictionary is not used in it). The decompressor is
-        restarted with the same bytes (codecs/zstdhistory.py)."""
-        self._cctx = self._cobj = None
-        self._primer = history
-
-    def reset(self) -> None:
-        """Forget the history: the next payload starts a new frame (resume does this)."""
-        self._cctx = self._cobj = None
-        self._primer = None
-        self.messages = 0
+        assert self._cobj is not None  # start() comes first (ContextCompressor)
+        # compress() only buffers a message smaller than a block; flush() emits it all.
+        body = self._cobj.compress(data)
+        return b"".join((head, body, self._cobj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)))
 
     def memory_size(self) -> int:
-        """Bytes zstd reserved for this context (0 before the first message)."""
         return self._cctx.memory_size() if self._cctx is not None else 0
 
 
-class ContextDecompressor:
-    """The receiving half of one direction: payloads must be fed in the order they were made."""
+class _ObjDecompressor:
+    """The general path's receiving half (see _ObjCompressor)."""
 
-    __slots__ = ("_dctx", "_dictionary", "_dobj", "_primer", "_window", "messages")
+    __slots__ = ("_dctx", "_dobj", "_window")
 
-    def __init__(self, window: int = DEFAULT_WINDOW, *, dictionary: ZstdDictionary | None = None) -> None:
+    def __init__(self, window: int) -> None:
         self._window = window
-        self._dictionary = dictionary
         self._dctx: zstandard.ZstdDecompressor | None = None
         self._dobj: zstandard.ZstdDecompressionObj | None = None
-        self._primer: bytes | None = None  # raw-content history of the next frame (see restart)
-        self.messages = 0  # decompressed since the last reset
 
-    def _start(self) -> zstandard.ZstdDecompressionObj:
+    def start(self, primer: bytes | None, dictionary: bytes | None) -> None:
         import zstandard
 
+        data, kind = (
+            (primer, zstandard.DICT_TYPE_RAWCONTENT) if primer else (dictionary, zstandard.DICT_TYPE_AUTO)
+        )
         # max_window_size: a frame header asking for a larger window (more memory) is refused.
         self._dctx = zstandard.ZstdDecompressor(
-            dict_data=_frame_dict(self._primer, self._dictionary), max_window_size=self._window
+            dict_data=zstandard.ZstdCompressionDict(data, dict_type=kind) if data else None,
+            max_window_size=self._window,
         )
         self._dobj = self._dctx.decompressobj(write_size=_OUTPUT_CHUNK)
-        return self._dobj
 
-    def decompress(self, payload: bytes | memoryview, limit: int, offset: int = 0) -> bytes:
-        """Decode one message's payload (``payload[offset:]``); at most ``limit`` bytes of output
-        (else LimitExceeded).
-
-        Raises :class:`DecodeError` for a corrupted, truncated, missing or reordered message (the
-        context is unusable afterwards: the session must end).
-        """
-        start = offset + _CRC_SIZE
-        size = len(payload) - start
-        if size < 0:
-            raise DecodeError(
-                f"zstd context payload is {size + _CRC_SIZE} bytes: shorter than its 4-byte CRC-32"
-            )
-        expected = int.from_bytes(payload[offset:start], "big")
-        import zstandard
-
-        dobj = self._dobj or self._start()
-        data = payload[start:]
-        try:
-            if size * _MAX_RATIO <= limit + OUTPUT_SLACK:
-                # The usual case: even all-RLE blocks could not exceed the bound, so one call.
-                out = dobj.decompress(data)
-                check_size("decompressed zstd message", len(out), limit)
-            else:
-                out = self._decompress_sliced(dobj, data, limit)
-        except zstandard.ZstdError as exc:
-            raise DecodeError(
-                f"corrupt zstd context message #{self.messages + 1} ({exc}); the context cannot continue"
-            ) from None
-        if dobj.eof:
-            raise DecodeError("the peer ended its zstd frame; a session context never ends its frame")
-        if crc32(out) != expected:
-            raise DecodeError(
-                f"zstd context message #{self.messages + 1} does not match its CRC-32: it was "
-                "corrupted, or a message was lost or reordered (a context cannot skip messages)"
-            )
-        self.messages += 1
-        return out
+    def decompress(self, data: bytes | memoryview, limit: int) -> tuple[bytes, bool]:
+        """(output, whether the frame ended); LimitExceeded past ``limit`` (see the module's bound)."""
+        dobj = self._dobj
+        assert dobj is not None  # start() comes first (ContextDecompressor)
+        if len(data) * _MAX_RATIO <= limit + OUTPUT_SLACK:
+            # The usual case: even all-RLE blocks could not exceed the bound, so one call.
+            out = dobj.decompress(data)
+            check_size("decompressed zstd message", len(out), limit)
+        else:
+            out = self._decompress_sliced(dobj, data, limit)
+        return out, dobj.eof
 
     @staticmethod
     def _decompress_sliced(
@@ -328,17 +246,164 @@ class ContextDecompressor:
                 parts.append(out)
         return b"".join(parts)
 
+    def memory_size(self) -> int:
+        return self._dctx.memory_size() if self._dctx is not None else 0
+
+
+_Compressor = RawCompressor | _ObjCompressor
+_Decompressor = RawDecompressor | _ObjDecompressor
+
+
+class ContextCompressor:
+    """The sending half of one direction. Created cheaply; zstd memory is taken on first use.
+
+    ``raw``: use the libzstd context of codecs/zstdraw.py (True: where it is available) or
+    python-zstandard's objects (False); both make frames the other decodes (the wire is the same).
+    """
+
+    __slots__ = ("_dictionary", "_engine", "_level", "_primer", "_raw", "_started", "_window", "messages")
+
+    def __init__(
+        self,
+        window: int = DEFAULT_WINDOW,
+        *,
+        level: int = DEFAULT_LEVEL,
+        dictionary: ZstdDictionary | None = None,
+        raw: bool = True,
+    ) -> None:
+        if not MIN_WINDOW <= window <= MAX_WINDOW or window & (window - 1):
+            raise EncodeError(
+                f"zstd window must be a power of two in [{MIN_WINDOW}, {MAX_WINDOW}], not {window}"
+            )
+        if not 1 <= level <= 19:
+            raise EncodeError(f"zstd level must be 1..19 here, not {level}")
+        self._window = window
+        self._level = level
+        self._dictionary = dictionary
+        self._raw = raw
+        self._engine: _Compressor | None = None  # made on the first message, kept until dropped
+        self._started = False  # the current frame has begun (else the next message starts one)
+        self._primer: bytes | None = None  # raw-content history of the next frame (see restart)
+        self.messages = 0  # compressed since the last reset
+
+    def _start(self) -> _Compressor:
+        engine = self._engine
+        if engine is None:
+            params = _parameters(self._level, self._window)
+            raw = self._raw and raw_available()
+            engine = self._engine = RawCompressor(params) if raw else _ObjCompressor(params)
+        # The primer (given to restart) wins; b"" primes with nothing, not with the dictionary.
+        primer, dictionary = self._primer, self._dictionary
+        engine.start(primer, dictionary.data if primer is None and dictionary is not None else None)
+        self._started = True
+        return engine
+
+    def compress(self, data: bytes, prefix: bytes = b"") -> bytes:
+        """``prefix`` + the payload for one message: CRC-32 + the flushed zstd bytes (history is kept)."""
+        engine = self._engine if self._started else self._start()
+        assert engine is not None
+        head = prefix + crc32(data).to_bytes(_CRC_SIZE, "big")
+        try:
+            payload = engine.compress(data, head)
+        except Exception as exc:  # pragma: no cover - zstd fails only on exhausted memory
+            raise EncodeError(f"zstd compression failed: {exc}") from None
+        self.messages += 1
+        return payload
+
     def restart(self, history: bytes) -> None:
-        """The next payload must start a new frame primed with ``history`` (see ContextCompressor.restart)."""
-        self._dctx = self._dobj = None
+        """End the frame: the next payload starts a new one primed with ``history`` as raw content
+        (``DICT_TYPE_RAWCONTENT``; the shared dictionary is not used in it). The decompressor is
+        restarted with the same bytes (codecs/zstdhistory.py)."""
+        self._started = False
         self._primer = history
 
     def reset(self) -> None:
-        """Forget the history: the next payload must start a new frame (resume does this)."""
-        self._dctx = self._dobj = None
+        """Forget the history: the next payload starts a new frame (resume does this)."""
+        self._started = False
         self._primer = None
         self.messages = 0
 
     def memory_size(self) -> int:
         """Bytes zstd reserved for this context (0 before the first message)."""
-        return self._dctx.memory_size() if self._dctx is not None else 0
+        return self._engine.memory_size() if self._engine is not None else 0
+
+
+class ContextDecompressor:
+    """The receiving half of one direction: payloads must be fed in the order they were made."""
+
+    __slots__ = ("_dictionary", "_engine", "_primer", "_raw", "_started", "_window", "messages")
+
+    def __init__(
+        self,
+        window: int = DEFAULT_WINDOW,
+        *,
+        dictionary: ZstdDictionary | None = None,
+        raw: bool = True,
+    ) -> None:
+        self._window = window
+        self._dictionary = dictionary
+        self._raw = raw
+        self._engine: _Decompressor | None = None
+        self._started = False
+        self._primer: bytes | None = None  # raw-content history of the next frame (see restart)
+        self.messages = 0  # decompressed since the last reset
+
+    def _start(self) -> _Decompressor:
+        engine = self._engine
+        if engine is None:
+            window = self._window
+            raw = self._raw and raw_available()
+            engine = self._engine = RawDecompressor(window) if raw else _ObjDecompressor(window)
+        primer, dictionary = self._primer, self._dictionary
+        engine.start(primer, dictionary.data if primer is None and dictionary is not None else None)
+        self._started = True
+        return engine
+
+    def decompress(self, payload: bytes | memoryview, limit: int, offset: int = 0) -> bytes:
+        """Decode one message's payload (``payload[offset:]``); at most ``limit`` bytes of output
+        (else LimitExceeded).
+
+        Raises :class:`DecodeError` for a corrupted, truncated, missing or reordered message (the
+        context is unusable afterwards: the session must end).
+        """
+        start = offset + _CRC_SIZE
+        size = len(payload) - start
+        if size < 0:
+            raise DecodeError(
+                f"zstd context payload is {size + _CRC_SIZE} bytes: shorter than its 4-byte CRC-32"
+            )
+        expected = int.from_bytes(payload[offset:start], "big")
+        import zstandard
+
+        engine = self._engine if self._started else self._start()
+        assert engine is not None
+        try:
+            out, ended = engine.decompress(payload[start:], limit)
+        except (zstandard.ZstdError, RawError) as exc:
+            raise DecodeError(
+                f"corrupt zstd context message #{self.messages + 1} ({exc}); the context cannot continue"
+            ) from None
+        if ended:
+            raise DecodeError("the peer ended its zstd frame; a session context never ends its frame")
+        if crc32(out) != expected:
+            raise DecodeError(
+                f"zstd context message #{self.messages + 1} does not match its CRC-32: it was "
+                "corrupted, or a message was lost or reordered (a context cannot skip messages)"
+            )
+        self.messages += 1
+        return out
+
+    def restart(self, history: bytes) -> None:
+        """The next payload must start a new frame primed with ``history`` (see ContextCompressor.restart)."""
+        self._started = False
+        self._primer = history
+
+    def reset(self) -> None:
+        """Forget the history: the next payload must start a new frame (resume does this)."""
+        self._started = False
+        self._primer = None
+        self.messages = 0
+
+    def memory_size(self) -> int:
+        """Bytes zstd reserved for this context (0 before the first message)."""
+        return self._engine.memory_size() if self._engine is not None else 0

@@ -57,11 +57,12 @@ def test_wire_format_is_plain_zstd_with_a_crc32_per_message() -> None:
         assert dc.decompress(zlib.crc32(message).to_bytes(4, "big") + body, 1 << 20) == message
 
 
-def test_output_is_bounded_and_a_bomb_allocates_little() -> None:
-    cc = ContextCompressor()
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "objects"])
+def test_output_is_bounded_and_a_bomb_allocates_little(raw: bool) -> None:
+    cc = ContextCompressor(raw=raw)
     bomb = cc.compress(b"\0" * (64 << 20))
     assert len(bomb) < 16 * 1024
-    dc = ContextDecompressor()
+    dc = ContextDecompressor(raw=raw)
     tracemalloc.start()
     try:
         with pytest.raises(LimitExceeded, match="over the limit of 1048576"):
@@ -79,16 +80,18 @@ def test_exact_limit_is_accepted() -> None:
         dc.decompress(cc.compress(b"x" * 5001), 5000)
 
 
-def test_frame_with_a_larger_window_than_agreed_is_refused() -> None:
-    big = ContextCompressor(window=MAX_WINDOW)
-    small = ContextDecompressor(window=1 << 16)
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "objects"])
+def test_frame_with_a_larger_window_than_agreed_is_refused(raw: bool) -> None:
+    big = ContextCompressor(window=MAX_WINDOW, raw=raw)
+    small = ContextDecompressor(window=1 << 16, raw=raw)
     with pytest.raises(DecodeError, match="memory"):
         small.decompress(big.compress(b"abc" * 100), 1 << 20)
 
 
 @pytest.mark.parametrize("position", [4, 6, -1, -2])
-def test_corruption_anywhere_is_a_decode_error(position: int) -> None:
-    cc, dc = ContextCompressor(), ContextDecompressor()
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "objects"])
+def test_corruption_anywhere_is_a_decode_error(position: int, raw: bool) -> None:
+    cc, dc = ContextCompressor(raw=raw), ContextDecompressor(raw=raw)
     dc.decompress(cc.compress(MESSAGES[0]), 1 << 20)
     payload = bytearray(cc.compress(MESSAGES[5]))
     payload[position] ^= 0x20
@@ -104,12 +107,13 @@ def test_lost_and_reordered_messages_are_decode_errors() -> None:
         dc.decompress(third, 1 << 20)
 
 
-def test_short_payload_and_ended_frame_are_errors() -> None:
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "objects"])
+def test_short_payload_and_ended_frame_are_errors(raw: bool) -> None:
     with pytest.raises(DecodeError, match=r"shorter than its 4-byte CRC-32"):
         ContextDecompressor().decompress(b"\0\0", 100)
     ended = zstandard.ZstdCompressor(write_content_size=False).compress(b"hello")
     with pytest.raises(DecodeError, match="ended its zstd frame"):
-        ContextDecompressor().decompress(zlib.crc32(b"hello").to_bytes(4, "big") + ended, 100)
+        ContextDecompressor(raw=raw).decompress(zlib.crc32(b"hello").to_bytes(4, "big") + ended, 100)
 
 
 def test_reset_starts_a_new_frame_on_both_sides() -> None:
@@ -139,16 +143,17 @@ def test_windows() -> None:
     assert payload_bound(0) >= 4 + 18
 
 
-def test_dictionary_primes_both_sides() -> None:
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "objects"])
+def test_dictionary_primes_both_sides(raw: bool) -> None:
     samples = [m * 3 for m in MESSAGES] * 10
     dictionary = train_dictionary(samples, 4096)
     assert dictionary == ZstdDictionary(dictionary.data) and len(dictionary.id) == 64
-    with_dict = ContextCompressor(dictionary=dictionary).compress(MESSAGES[7])
-    without = ContextCompressor().compress(MESSAGES[7])
+    with_dict = ContextCompressor(dictionary=dictionary, raw=raw).compress(MESSAGES[7])
+    without = ContextCompressor(raw=raw).compress(MESSAGES[7])
     assert len(with_dict) < len(without)
-    assert ContextDecompressor(dictionary=dictionary).decompress(with_dict, 1 << 20) == MESSAGES[7]
+    assert ContextDecompressor(dictionary=dictionary, raw=raw).decompress(with_dict, 1 << 20) == MESSAGES[7]
     with pytest.raises(DecodeError):
-        ContextDecompressor().decompress(with_dict, 1 << 20)
+        ContextDecompressor(raw=raw).decompress(with_dict, 1 << 20)
     with pytest.raises(EncodeError, match="train_dictionary"):
         ZstdDictionary(b"")
     with pytest.raises(EncodeError, match="needs sample"):
@@ -166,10 +171,12 @@ def test_text_prefix_is_reserved_and_needs_a_session() -> None:
         compress("hello", allowed=["zstd"])
 
 
-def test_large_messages_take_the_sliced_path_and_round_trip() -> None:
-    # Incompressible bytes: the payload is far above the one-call size, so it is fed in slices.
+@pytest.mark.parametrize("raw", [True, False], ids=["raw", "objects"])
+def test_large_messages_take_the_sliced_path_and_round_trip(raw: bool) -> None:
+    # Incompressible bytes: the payload is far above the one-call size, so it is fed in slices
+    # (objects) or decoded into several output chunks (raw).
     big = random.Random(5).randbytes(3 << 20)
-    cc, dc = ContextCompressor(), ContextDecompressor()
+    cc, dc = ContextCompressor(raw=raw), ContextDecompressor(raw=raw)
     payload = cc.compress(big)
     assert len(payload) * 32768 > (16 << 20) + OUTPUT_SLACK
     assert dc.decompress(payload, 16 << 20) == big

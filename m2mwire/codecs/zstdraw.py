@@ -1,0 +1,220 @@
+"""libzstd contexts kept for a session's whole life, through python-zstandard's cffi binding.
+
+Why this exists: python-zstandard's objects bind a dictionary (or a raw-content prefix) when they
+are built, so every new zstd frame of shared history (codecs/zstdhistory.py) cost a fresh
+``ZstdCompressor`` and ``ZstdDecompressor``: ~8 µs each just to construct, plus a fresh context
+workspace to allocate and fault in, ~30 µs per restarted message on both ends together, which is
+most of an echoed 1 KB message's round trip. libzstd itself starts a frame on a context it already
+has (``ZSTD_CCtx_reset`` + ``ZSTD_CCtx_refPrefix``, ``ZSTD_DCtx_refPrefix``) in about the time it
+takes to index the prefix: measured 3.3 µs to compress and 1.3 µs to decompress a quoted 1 KB
+message with a 4 KiB prefix, instead of 14.2 and 9.2 µs.
+
+python-zstandard ships those calls in the cffi module its ``cffi`` backend uses
+(``zstandard.backend_cffi.lib``, the same bundled libzstd); cffi itself comes with
+``cryptography``, a dependency of ours. Where that module is missing, :func:`raw_available` is
+False and the contexts use python-zstandard's objects (codecs/zstdcontext.py, the general path; a
+differential test checks that each decodes what the other makes).
+
+The wire is the same either way: ``refPrefix`` is zstd's raw-content dictionary (the receiver may
+use either; docs/CODECS.md section 8), and the frame parameters are the ones the objects set.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+from typing import TYPE_CHECKING, Any, Final
+
+from m2mwire.codecs.limits import check_size
+
+if TYPE_CHECKING:
+    import zstandard
+
+__all__ = ["OUTPUT_CHUNK", "RawCompressor", "RawDecompressor", "RawError", "raw_available"]
+
+#: Decompressed output is gathered in pieces of this size: a message is refused at most this far
+#: past its limit (the general path's bound, OUTPUT_SLACK + one block, is larger).
+OUTPUT_CHUNK: Final = 64 * 1024
+#: A compressor's own output buffer: messages whose worst case fits (~4 KB) need no allocation.
+SMALL_OUTPUT: Final = 4 * 1024
+
+# The binding, loaded on first use like zstandard everywhere here (~9 ms to import, and only
+# sessions that use zstd need it).
+_ffi: Any = None
+_lib: Any = None
+_new_buffer: Any = None
+
+
+@functools.cache
+def raw_available() -> bool:
+    """Whether the raw contexts can be used here (loads the binding; else the objects are used)."""
+    global _ffi, _lib, _new_buffer
+    try:
+        binding = importlib.import_module("zstandard.backend_cffi")
+    except ImportError:  # pragma: no cover - python-zstandard built without its cffi module
+        return False
+    _ffi, _lib = binding.ffi, binding.lib
+    # Output buffers are filled by libzstd before they are read: no need to zero them first.
+    _new_buffer = _ffi.new_allocator(should_clear_after_alloc=False)
+    return True
+
+
+class RawError(Exception):
+    """libzstd refused the input (or ran out of memory); the message is zstd's error name."""
+
+
+def _error_name(code: int) -> str:
+    return str(_ffi.string(_lib.ZSTD_getErrorName(code)).decode("ascii", "replace"))
+
+
+def _check(result: int) -> int:
+    if _lib.ZSTD_isError(result):
+        raise RawError(_error_name(result))
+    return result
+
+
+class RawCompressor:
+    """One libzstd compression context: frames are started on it again and again (never rebuilt)."""
+
+    __slots__ = ("_cctx", "_keep", "_out", "_pos")
+
+    def __init__(self, params: zstandard.ZstdCompressionParameters) -> None:
+        cctx = _lib.ZSTD_createCCtx()
+        if cctx == _ffi.NULL:  # pragma: no cover - out of memory
+            raise MemoryError("zstd could not create a compression context")
+        self._cctx = _ffi.gc(cctx, _lib.ZSTD_freeCCtx)
+        # The parameters python-zstandard's ZstdCompressor sets from the same object, so that
+        # both paths make the same frames (tests/codecs/test_zstdraw.py).
+        for name, value in (
+            ("format", params.format),
+            ("compressionLevel", params.compression_level),
+            ("windowLog", params.window_log),
+            ("hashLog", params.hash_log),
+            ("chainLog", params.chain_log),
+            ("searchLog", params.search_log),
+            ("minMatch", params.min_match),
+            ("targetLength", params.target_length),
+            ("strategy", params.strategy),
+            ("contentSizeFlag", params.write_content_size),
+            ("checksumFlag", params.write_checksum),
+            ("dictIDFlag", params.write_dict_id),
+        ):
+            _check(_lib.ZSTD_CCtx_setParameter(self._cctx, getattr(_lib, f"ZSTD_c_{name}"), value))
+        # Output of messages up to ~SMALL_OUTPUT bytes goes here (no allocation per message);
+        # larger ones get a buffer of their own. _pos: the output and input positions.
+        self._out = _new_buffer("char[]", SMALL_OUTPUT)
+        self._pos = _ffi.new("size_t[2]")
+        self._keep: object = None  # the prefix or dictionary libzstd references (must stay alive)
+
+    def start(self, primer: bytes | None, dictionary: bytes | None) -> None:
+        """End the current frame (unflushed input is dropped: there is none, every message is
+        flushed) and make the next message start a new one primed with ``primer`` as raw content,
+        else with ``dictionary`` (zstd-trained or raw content, told apart by zstd), else nothing."""
+        cctx = self._cctx
+        _check(_lib.ZSTD_CCtx_reset(cctx, _lib.ZSTD_reset_session_only))
+        if primer:
+            # refPrefix lasts one frame, but a frame of ours never ends: the prefix is referenced
+            # by every later message of the frame, so its bytes are kept alive with it.
+            keep = _ffi.from_buffer(primer)
+            _check(_lib.ZSTD_CCtx_refPrefix(cctx, keep, len(primer)))
+        elif dictionary:
+            keep = _ffi.from_buffer(dictionary)
+            _check(
+                _lib.ZSTD_CCtx_loadDictionary_advanced(
+                    cctx, keep, len(dictionary), _lib.ZSTD_dlm_byRef, _lib.ZSTD_dct_auto
+                )
+            )
+        else:
+            keep = None
+            _check(_lib.ZSTD_CCtx_loadDictionary(cctx, _ffi.NULL, 0))  # forget the last dictionary
+        self._keep = keep
+
+    def compress(self, data: bytes, head: bytes) -> bytes:
+        """``head`` + the zstd bytes of ``data``, flushed (``ZSTD_e_flush``: decodable at once)."""
+        # Room for the worst case (zstd's bound for a frame, + a frame header and a flush's
+        # empty block), so one call consumes and flushes everything: it returns 0.
+        size = len(data) + (len(data) >> 7) + 128
+        out = self._out if size <= SMALL_OUTPUT else _new_buffer("char[]", size)
+        pos = self._pos
+        pos[0] = pos[1] = 0
+        left = _lib.ZSTD_compressStream2_simpleArgs(
+            self._cctx, out, size, pos, data, len(data), pos + 1, _lib.ZSTD_e_flush
+        )
+        if left:  # pragma: no cover - an error (out of memory), or more output than zstd's bound
+            raise RawError(_error_name(left) if _lib.ZSTD_isError(left) else "output exceeded its bound")
+        return b"".join((head, _ffi.buffer(out, pos[0])))
+
+    def memory_size(self) -> int:
+        return int(_lib.ZSTD_sizeof_CCtx(self._cctx)) + SMALL_OUTPUT
+
+
+class RawDecompressor:
+    """One libzstd decompression context, reused by every frame of a direction."""
+
+    __slots__ = ("_dctx", "_keep", "_out", "_pos")
+
+    def __init__(self, window: int) -> None:
+        dctx = _lib.ZSTD_createDCtx()
+        if dctx == _ffi.NULL:  # pragma: no cover - out of memory
+            raise MemoryError("zstd could not create a decompression context")
+        self._dctx = _ffi.gc(dctx, _lib.ZSTD_freeDCtx)
+        # A frame header asking for a larger window (more memory) is refused before allocating.
+        _check(_lib.ZSTD_DCtx_setParameter(self._dctx, _lib.ZSTD_d_windowLogMax, window.bit_length() - 1))
+        self._out = _new_buffer("char[]", SMALL_OUTPUT)  # the first output of every message
+        self._pos = _ffi.new("size_t[2]")
+        self._keep: object = None
+
+    def start(self, primer: bytes | None, dictionary: bytes | None) -> None:
+        """The next input must start a new frame, primed as :meth:`RawCompressor.start` says."""
+        dctx = self._dctx
+        _check(_lib.ZSTD_DCtx_reset(dctx, _lib.ZSTD_reset_session_only))
+        if primer:
+            keep = _ffi.from_buffer(primer)
+            _check(_lib.ZSTD_DCtx_refPrefix(dctx, keep, len(primer)))
+        elif dictionary:
+            keep = _ffi.from_buffer(dictionary)
+            _check(
+                _lib.ZSTD_DCtx_loadDictionary_advanced(
+                    dctx, keep, len(dictionary), _lib.ZSTD_dlm_byRef, _lib.ZSTD_dct_auto
+                )
+            )
+        else:
+            keep = None
+            _check(_lib.ZSTD_DCtx_loadDictionary(dctx, _ffi.NULL, 0))
+        self._keep = keep
+
+    def decompress(self, data: bytes | memoryview, limit: int) -> tuple[bytes, bool]:
+        """(output, whether the frame ended) of ``data``; LimitExceeded as soon as the output
+        passes ``limit``: at most OUTPUT_CHUNK bytes past it are ever produced."""
+        src = data if isinstance(data, bytes) else _ffi.from_buffer(data)
+        size = len(data)
+        # The first output goes to our small buffer (all of a small message: no allocation); if
+        # there is more, the rest goes OUTPUT_CHUNK bytes at a time.
+        out, room = self._out, SMALL_OUTPUT
+        pos = self._pos
+        pos[1] = 0
+        parts: list[bytes] = []
+        total = consumed = 0
+        while True:
+            pos[0] = 0
+            hint = _lib.ZSTD_decompressStream_simpleArgs(self._dctx, out, room, pos, src, size, pos + 1)
+            if _lib.ZSTD_isError(hint):
+                raise RawError(_error_name(hint))
+            produced = pos[0]
+            if produced:
+                total += produced
+                check_size("decompressed zstd message", total, limit)
+                parts.append(_ffi.buffer(out, produced)[:])
+            if hint == 0:  # a frame was completely decoded: ours never end
+                return b"".join(parts), True
+            # A full output buffer may hold back more output; otherwise all the input is used.
+            if pos[1] == size and produced < room:
+                return (parts[0] if len(parts) == 1 else b"".join(parts)), False
+            if not produced and pos[1] == consumed:  # pragma: no cover - libzstd always moves
+                raise RawError("zstd made no progress")  # with room and input: never loop on
+            consumed = pos[1]
+            if room == SMALL_OUTPUT:
+                out, room = _new_buffer("char[]", OUTPUT_CHUNK), OUTPUT_CHUNK
+
+    def memory_size(self) -> int:
+        return int(_lib.ZSTD_sizeof_DCtx(self._dctx)) + SMALL_OUTPUT
