@@ -31,7 +31,8 @@ its history and the mirror (each < 2 windows in chunks, one window used) plus at
 from __future__ import annotations
 
 from collections import deque
-from typing import Final
+from collections.abc import Iterable
+from typing import Final, Literal
 
 from m2mwire.codecs.zstdcontext import (
     DEFAULT_LEVEL,
@@ -140,8 +141,14 @@ def _header(value: int) -> bytes:
     return bytes(out)
 
 
+#: The one-byte headers (values below 0x80: a count below 32), made once.
+_SMALL_HEADERS: Final = [bytes((value,)) for value in range(0x80)]
+
+
 def _read_header(payload: bytes | memoryview, offset: int) -> tuple[int, int]:
     """(value, offset after it) of the header varint at ``offset``."""
+    if offset < len(payload) and payload[offset] < 0x80:  # one byte: the usual case
+        return payload[offset], offset + 1
     value = shift = 0
     for i in range(offset, min(offset + MAX_VARINT, len(payload))):
         byte = payload[i]
@@ -154,7 +161,7 @@ def _read_header(payload: bytes | memoryview, offset: int) -> tuple[int, int]:
     )
 
 
-_Sample = tuple[bytes, bytes, bytes]  # (bytes before it, reversed; the sample; bytes after it)
+_Sample = tuple[bytes, bytes, bytes]  # (bytes before it, the sample, bytes after it)
 
 
 def _samples(message: bytes) -> tuple[_Sample, ...]:
@@ -164,40 +171,61 @@ def _samples(message: bytes) -> tuple[_Sample, ...]:
     for at in (size // 2, size * 3 // 4):
         end = at + PROBE
         out.append(
-            (
-                message[max(0, at - RESTART_QUOTE) : at][::-1],
-                message[at:end],
-                message[end : end + RESTART_QUOTE],
-            )
+            (message[max(0, at - RESTART_QUOTE) : at], message[at:end], message[end : end + RESTART_QUOTE])
         )
     return tuple(out)
 
 
-def _common_prefix(a: bytes, b: bytes) -> int:
-    """Length of the common prefix of ``a`` and ``b`` (binary search on slice comparisons, which
-    run in C: ~11 of them for 1 KiB, instead of a Python loop per byte)."""
-    low, high = 0, min(len(a), len(b))
-    while low < high:
-        middle = (low + high + 1) // 2
-        if a[:middle] == b[:middle]:
-            low = middle
-        else:
-            high = middle - 1
-    return low
+def _common_run(a: bytes, b: bytes, order: Literal["big", "little"]) -> int:
+    """Length of the common prefix ("big") or suffix ("little") of ``a`` and ``b``, compared over
+    their first (last) min(len) bytes: as integers in that byte order, the run of equal bytes at
+    the most significant end is what their XOR leaves as leading zeros (a few C calls, where a
+    Python loop would take one step per byte)."""
+    n = min(len(a), len(b))
+    if order == "big":
+        a, b = a[:n], b[:n]
+    else:
+        a, b = a[len(a) - n :], b[len(b) - n :]
+    return (8 * n - (int.from_bytes(a, order) ^ int.from_bytes(b, order)).bit_length()) // 8
 
 
-def _quoted(samples: tuple[_Sample, ...], data: bytes) -> int:
+def _quoted(samples: tuple[_Sample, ...], data: bytes, enough: int = 1 << 62) -> int:
     """Bytes of the sampled peer message that ``data`` quotes: the longest run it shares with the
-    message around one of its samples (0 if it holds none; at most 2 * RESTART_QUOTE + PROBE)."""
+    message around one of its samples (0 if it holds none; at most 2 * RESTART_QUOTE + PROBE).
+
+    ``enough``: stop measuring once a run reaches it and return that run (>= enough, <= the
+    longest): what the restart decision needs, in one comparison for a whole quote (an echo).
+    """
     longest = 0
     for before, sample, after in samples:
         at = data.find(sample)
         if at >= 0:
             end = at + PROBE
-            back = _common_prefix(before, data[max(0, at - len(before)) : at][::-1])
-            ahead = _common_prefix(after, data[end : end + len(after)])
-            longest = max(longest, back + PROBE + ahead)
+            run = PROBE + _common_run(after, data[end : end + len(after)], "big")
+            if run < enough:
+                run += _common_run(before, data[max(0, at - len(before)) : at], "little")
+            if run >= enough:
+                return run
+            longest = max(longest, run)
     return longest
+
+
+def _restart_quote(
+    quotable: Iterable[tuple[_Sample, ...]], data: bytes
+) -> tuple[bool, list[tuple[_Sample, ...]]]:
+    """(whether ``data`` quotes at least RESTART_QUOTE bytes of the ``quotable`` peer messages in
+    all, the messages it quotes at all). Once the total is reached the rest is not measured: a
+    new frame drops every quotable message anyway, so only the decision is needed then."""
+    quoting = []
+    total = 0
+    for entry in quotable:
+        size = _quoted(entry, data, RESTART_QUOTE - total)
+        if size:
+            quoting.append(entry)
+            total += size
+            if total >= RESTART_QUOTE:
+                return True, quoting
+    return False, quoting
 
 
 class HistoryContext:
@@ -260,30 +288,27 @@ class HistoryContext:
 
     def compress(self, data: bytes, prefix: bytes = b"") -> bytes:
         """``prefix`` + header + CRC-32 + zstd bytes of one message."""
-        quoted = [(entry, _quoted(entry, data)) for entry in self._quotable]
-        primer = 0
-        # _received_since_frame > 0 is the wire's rule for a new frame (always true when something
-        # is quotable: entries are added on receipt and dropped when a frame starts).
-        if self._received_since_frame > 0 and sum(size for _, size in quoted) >= RESTART_QUOTE:
-            primer = min(len(self._history), max(PREFIX_FLOOR, PREFIX_MULTIPLE * len(data)))
-        new_frame = primer > 0
+        # Something is quotable only if _received_since_frame > 0, the wire's rule for a new frame
+        # (entries are added on receipt and all dropped when a frame starts).
+        restart, quoting = _restart_quote(self._quotable, data) if self._quotable else (False, [])
         cost = len(data) + _ENTRY_COST
         excluded = self._unacked_bytes + cost > self._window
-        header = _header(self._received_since_send << 2 | excluded << 1 | new_frame)
-        if new_frame:
+        value = self._received_since_send << 2 | excluded << 1 | restart
+        header = _SMALL_HEADERS[value] if value < 0x80 else _header(value)
+        if restart:
+            primer = min(len(self._history), max(PREFIX_FLOOR, PREFIX_MULTIPLE * len(data)))
             self.sender.restart(self._history.tail(primer))
             header += _header(primer)
         payload = self.sender.compress(data, prefix + header)
         self._sent += 1
         self._received_since_send = 0
-        if new_frame or not self._frame_started:
+        if restart or not self._frame_started:
             self._frame_started = True
             self._received_since_frame = 0
             self._quotable.clear()
         else:  # what this message quoted is in the current frame's window from now on
-            for entry, size in quoted:
-                if size:
-                    self._quotable.remove(entry)
+            for entry in quoting:
+                self._quotable.remove(entry)
         if not excluded:
             self._history.append(data)
             if data:  # an empty message adds nothing to any history: nothing to keep

@@ -13,7 +13,17 @@ from hypothesis import strategies as st
 
 from m2mwire.codecs.jsonutil import dumps_compact
 from m2mwire.codecs.zstdcontext import MIN_WINDOW, ContextCompressor, ContextDecompressor
-from m2mwire.codecs.zstdhistory import History, HistoryContext
+from m2mwire.codecs.zstdhistory import (
+    PROBE,
+    PROBED_SIZE,
+    RESTART_QUOTE,
+    History,
+    HistoryContext,
+    _common_run,
+    _quoted,
+    _restart_quote,
+    _samples,
+)
 from m2mwire.errors import DecodeError
 from m2mwire.workloads import workload
 
@@ -232,3 +242,80 @@ def test_a_frame_restarts_only_for_a_large_fresh_quote() -> None:
     payload = client.compress(again)
     assert payload[0] & 1 == 0, "what the frame quoted already is not fresh: no restart"
     assert server.decompress(payload, 1 << 20) == again
+
+
+def _naive_quoted(message: bytes, data: bytes) -> int:
+    """The quote measure of RESTART_QUOTE's comment, byte by byte (the general definition)."""
+    longest = 0
+    size = len(message)
+    for at in (size // 2, size * 3 // 4):
+        sample = message[at : at + PROBE]
+        found = data.find(sample)
+        if found < 0:
+            continue
+        back = 0
+        while back < RESTART_QUOTE and at - back > 0 and found - back > 0:
+            if message[at - back - 1] != data[found - back - 1]:
+                break
+            back += 1
+        ahead, end, found_end = 0, at + PROBE, found + PROBE
+        while ahead < RESTART_QUOTE and end + ahead < size and found_end + ahead < len(data):
+            if message[end + ahead] != data[found_end + ahead]:
+                break
+            ahead += 1
+        longest = max(longest, back + PROBE + ahead)
+    return longest
+
+
+_PIECES = [b"a", b"ab", b"abc", b"x" * 40, b'","type":"function"', b"\0", b"w1 ", b"w2 "]
+
+
+def _text(seed: int, size: int) -> bytes:
+    """``size`` bytes of a small vocabulary: samples recur, so partial quotes and near misses happen."""
+    rng = random.Random(seed)
+    out = b""
+    while len(out) < size:
+        out += rng.choice(_PIECES) if rng.random() < 0.7 else rng.randbytes(rng.randint(1, 30))
+    return out[:size]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    peers=st.lists(st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 3000)), min_size=1, max_size=4),
+    quotes=st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2**16), st.integers(0, 1500)), max_size=4),
+    noise=st.tuples(st.integers(0, 2**32 - 1), st.integers(0, 400)),
+)
+def test_restart_decision_matches_the_full_measure(
+    peers: list[tuple[int, int]], quotes: list[tuple[int, int, int]], noise: tuple[int, int]
+) -> None:
+    """Differential: _restart_quote (stops measuring once RESTART_QUOTE is reached) decides as the
+    byte-by-byte measure of every quotable message would, and names the same quoted messages when
+    it does not restart (those leave the quotable set)."""
+    messages = [_text(seed, size) for seed, size in peers]
+    filler = _text(*noise)
+    data = filler
+    for which, start, length in quotes:  # quotes of the peer messages, with filler between them
+        message = messages[which % len(messages)]
+        begin = start % (len(message) + 1)
+        data += message[begin : begin + length] + filler[: start % 50]
+    sized = [(_samples(message), message) for message in messages if len(message) >= PROBED_SIZE]
+    quotable = [entry for entry, _ in sized]
+    sizes = [_naive_quoted(message, data) for _, message in sized]
+    restart, quoting = _restart_quote(quotable, data)
+    assert restart == (sum(sizes) >= RESTART_QUOTE)
+    if not restart:
+        assert quoting == [entry for (entry, _), size in zip(sized, sizes, strict=True) if size]
+    for (entry, _), size in zip(sized, sizes, strict=True):
+        assert _quoted(entry, data) == size
+
+
+@given(a=st.binary(max_size=600), b=st.binary(max_size=600), shared=st.binary(max_size=600))
+def test_common_run_counts_equal_bytes_at_either_end(a: bytes, b: bytes, shared: bytes) -> None:
+    def naive(x: bytes, y: bytes) -> int:
+        n = 0
+        while n < min(len(x), len(y)) and x[n] == y[n]:
+            n += 1
+        return n
+
+    assert _common_run(shared + a, shared + b, "big") == naive(shared + a, shared + b)
+    assert _common_run(a + shared, b + shared, "little") == naive((a + shared)[::-1], (b + shared)[::-1])
