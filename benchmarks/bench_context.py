@@ -368,8 +368,9 @@ def rtt_messages(kind: str, count: int) -> list[str]:
 
 
 async def _rtt(
-    scheme: str, port: int, fingerprint: str | None, rounds: int, kind: str, batch: int = 50
+    scheme: str, port: int, fingerprint: str | None, rounds: int, kind: str, history: bool, batch: int = 50
 ) -> float:
+    """p50 zstd / none; ``history``: whether the client offers shared history (the server does)."""
     from m2mwire.api import connect
 
     messages = rtt_messages(kind, (rounds + 2) * batch)  # none repeats: "novel" stays novel
@@ -377,7 +378,7 @@ async def _rtt(
     url = f"{scheme}://127.0.0.1:{port}"
     async with (
         connect(url, algorithms=["none"], **opts) as plain,
-        connect(url, algorithms=["zstd"], **opts) as ctx,
+        connect(url, algorithms=["zstd"], zstd={"history": history}, **opts) as ctx,
     ):
         times: dict[str, list[float]] = {"none": [], "zstd": []}
         for i in range(rounds + 2):  # two warm-up rounds
@@ -392,16 +393,19 @@ async def _rtt(
                         times[alg].append(time.perf_counter() - t)
                     assert reply.algorithm == alg
     p50 = {k: statistics.median(v) for k, v in times.items()}
+    mode = "zstd" if history else "zstd-pd"
     print(
-        f"  {scheme:5} {kind:6} p50 none {p50['none'] * 1e6:6.0f} us   zstd {p50['zstd'] * 1e6:6.0f} us   "
-        f"ratio {p50['zstd'] / p50['none']:.3f}"
+        f"  {scheme:5} {kind:6} p50 none {p50['none'] * 1e6:6.0f} us   "
+        f"{mode:7} {p50['zstd'] * 1e6:6.0f} us   ratio {p50['zstd'] / p50['none']:.3f}"
     )
     return p50["zstd"] / p50["none"]
 
 
 def rtt_section(rounds: int) -> dict[str, float]:
     print(
-        "== 5. Round trip of 1 KB text messages (server in its own process), p50, agent-like and novel text"
+        "== 5. Round trip of 1 KB text messages (server in its own process), p50, agent-like and novel "
+        "text;\n"
+        "   zstd = shared history (the default), zstd-pd = one context per direction (history=False)"
     )
     out: dict[str, float] = {}
     ctx = mp.get_context("spawn")
@@ -411,8 +415,10 @@ def rtt_section(rounds: int) -> dict[str, float]:
         proc.start()
         try:
             port, fingerprint = q.get(timeout=60)
-            for kind in ("agent", "novel"):
-                out[f"{scheme} ({kind})"] = asyncio.run(_rtt(scheme, port, fingerprint, rounds, kind))
+            for history in (True, False):
+                for kind in ("agent", "novel"):
+                    ratio = asyncio.run(_rtt(scheme, port, fingerprint, rounds, kind, history))
+                    out[f"{scheme} {'zstd' if history else 'zstd-pd'} ({kind})"] = ratio
         finally:
             proc.terminate()
             proc.join(10)
