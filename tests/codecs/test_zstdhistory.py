@@ -319,3 +319,42 @@ def test_common_run_counts_equal_bytes_at_either_end(a: bytes, b: bytes, shared:
 
     assert _common_run(shared + a, shared + b, "big") == naive(shared + a, shared + b)
     assert _common_run(a + shared, b + shared, "little") == naive((a + shared)[::-1], (b + shared)[::-1])
+
+
+def _echo(messages: list[bytes]) -> tuple[int, int]:
+    """(frames the server's echoes started, wire bytes of those echoes) over a client that sends
+    ``messages`` and a server that echoes each one back."""
+    client, server = HistoryContext(), HistoryContext()
+    started = size = 0
+    for message in messages:
+        assert server.decompress(client.compress(message), 1 << 20) == message
+        echo = server.compress(message)
+        assert client.decompress(echo, 1 << 20) == message
+        started += echo[0] & 1  # new_frame: the header's low bit (one-byte header here)
+        size += len(echo)
+    return started, size
+
+
+def test_an_echo_restarts_frames_only_for_text_its_own_frame_lacks() -> None:
+    """Regression: an echo quotes the whole request, so every echoed message started a new frame
+    (a fresh prefix to index on both ends, most of an echoed 1 KB round trip's codec time) even
+    when the text was the same JSON with a few new words, which the echoer's own frame already
+    matches. A peer sample found in our last message no longer counts as a fresh quote: the
+    agent-like echo keeps its frame; novel text still restarts (and costs ~nothing on the wire)."""
+    rng = random.Random(3)
+    agent = [
+        dumps_compact(
+            {
+                "task": "t-8812",
+                "step": i,
+                "note": b" ".join(rng.choices(WORDS, k=8)).decode(),
+                "history": "the same context as before, " * 34,
+            }
+        ).encode()
+        for i in range(30)
+    ]
+    started, _ = _echo(agent)
+    assert started <= 1
+    novel = [b" ".join(rng.choices(WORDS, k=250))[:1024] for _ in range(30)]
+    started, size = _echo(novel)
+    assert started == len(novel) and size < 30 * 64
