@@ -10,10 +10,13 @@ takes to index the prefix: measured 3.3 µs to compress and 1.3 µs to decompres
 message with a 4 KiB prefix, instead of 14.2 and 9.2 µs.
 
 python-zstandard ships those calls in the cffi module its ``cffi`` backend uses
-(``zstandard.backend_cffi.lib``, the same bundled libzstd); cffi itself comes with
-``cryptography``, a dependency of ours. Where that module is missing, :func:`raw_available` is
-False and the contexts use python-zstandard's objects (codecs/zstdcontext.py, the general path; a
-differential test checks that each decodes what the other makes).
+(``zstandard.backend_cffi.lib``, the same libzstd version); cffi itself comes with
+``cryptography``, a dependency of ours. Only frames primed with history use these contexts
+(codecs/zstdcontext.py): that module's libzstd decodes long messages ~25 % slower than the one
+in python-zstandard's C extension (measured: 1,140 vs 1,538 MB/s), so a frame without a prefix
+(one context per direction, the first frame of shared history) keeps python-zstandard's objects.
+Where the module is missing, :func:`raw_available` is False and every frame uses the objects (the
+general path; a differential test checks that each decodes what the other makes).
 
 The wire is the same either way: ``refPrefix`` is zstd's raw-content dictionary (the receiver may
 use either; docs/CODECS.md section 8), and the frame parameters are the ones the objects set.
@@ -37,6 +40,7 @@ __all__ = ["OUTPUT_CHUNK", "RawCompressor", "RawDecompressor", "RawError", "raw_
 OUTPUT_CHUNK: Final = 64 * 1024
 #: A compressor's own output buffer: messages whose worst case fits (~4 KB) need no allocation.
 SMALL_OUTPUT: Final = 4 * 1024
+_EXPANSION: Final = 32  # the first output buffer's size per input byte (see decompress)
 
 # The binding, loaded on first use like zstandard everywhere here (~9 ms to import, and only
 # sessions that use zstd need it).
@@ -84,7 +88,7 @@ class RawCompressor:
             raise MemoryError("zstd could not create a compression context")
         self._cctx = _ffi.gc(cctx, _lib.ZSTD_freeCCtx)
         # The parameters python-zstandard's ZstdCompressor sets from the same object, so that
-        # both paths make the same frames (tests/codecs/test_zstdraw.py).
+        # both paths write the same frame header and match with the same parameters.
         for name, value in (
             ("format", params.format),
             ("compressionLevel", params.compression_level),
@@ -104,30 +108,17 @@ class RawCompressor:
         # larger ones get a buffer of their own. _pos: the output and input positions.
         self._out = _new_buffer("char[]", SMALL_OUTPUT)
         self._pos = _ffi.new("size_t[2]")
-        self._keep: object = None  # the prefix or dictionary libzstd references (must stay alive)
+        self._keep: object = None  # the prefix libzstd references (must stay alive)
 
-    def start(self, primer: bytes | None, dictionary: bytes | None) -> None:
+    def start(self, primer: bytes) -> None:
         """End the current frame (unflushed input is dropped: there is none, every message is
-        flushed) and make the next message start a new one primed with ``primer`` as raw content,
-        else with ``dictionary`` (zstd-trained or raw content, told apart by zstd), else nothing."""
-        cctx = self._cctx
-        _check(_lib.ZSTD_CCtx_reset(cctx, _lib.ZSTD_reset_session_only))
-        if primer:
-            # refPrefix lasts one frame, but a frame of ours never ends: the prefix is referenced
-            # by every later message of the frame, so its bytes are kept alive with it.
-            keep = _ffi.from_buffer(primer)
-            _check(_lib.ZSTD_CCtx_refPrefix(cctx, keep, len(primer)))
-        elif dictionary:
-            keep = _ffi.from_buffer(dictionary)
-            _check(
-                _lib.ZSTD_CCtx_loadDictionary_advanced(
-                    cctx, keep, len(dictionary), _lib.ZSTD_dlm_byRef, _lib.ZSTD_dct_auto
-                )
-            )
-        else:
-            keep = None
-            _check(_lib.ZSTD_CCtx_loadDictionary(cctx, _ffi.NULL, 0))  # forget the last dictionary
-        self._keep = keep
+        flushed) and make the next message start a new one primed with ``primer`` as raw content
+        (``ZSTD_CCtx_refPrefix``; it replaces any earlier prefix)."""
+        _check(_lib.ZSTD_CCtx_reset(self._cctx, _lib.ZSTD_reset_session_only))
+        # refPrefix lasts one frame, but a frame of ours never ends: the prefix is referenced by
+        # every later message of the frame, so its bytes are kept alive with it.
+        self._keep = keep = _ffi.from_buffer(primer)
+        _check(_lib.ZSTD_CCtx_refPrefix(self._cctx, keep, len(primer)))
 
     def compress(self, data: bytes, head: bytes) -> bytes:
         """``head`` + the zstd bytes of ``data``, flushed (``ZSTD_e_flush``: decodable at once)."""
@@ -164,33 +155,23 @@ class RawDecompressor:
         self._pos = _ffi.new("size_t[2]")
         self._keep: object = None
 
-    def start(self, primer: bytes | None, dictionary: bytes | None) -> None:
+    def start(self, primer: bytes) -> None:
         """The next input must start a new frame, primed as :meth:`RawCompressor.start` says."""
-        dctx = self._dctx
-        _check(_lib.ZSTD_DCtx_reset(dctx, _lib.ZSTD_reset_session_only))
-        if primer:
-            keep = _ffi.from_buffer(primer)
-            _check(_lib.ZSTD_DCtx_refPrefix(dctx, keep, len(primer)))
-        elif dictionary:
-            keep = _ffi.from_buffer(dictionary)
-            _check(
-                _lib.ZSTD_DCtx_loadDictionary_advanced(
-                    dctx, keep, len(dictionary), _lib.ZSTD_dlm_byRef, _lib.ZSTD_dct_auto
-                )
-            )
-        else:
-            keep = None
-            _check(_lib.ZSTD_DCtx_loadDictionary(dctx, _ffi.NULL, 0))
-        self._keep = keep
+        _check(_lib.ZSTD_DCtx_reset(self._dctx, _lib.ZSTD_reset_session_only))
+        self._keep = keep = _ffi.from_buffer(primer)
+        _check(_lib.ZSTD_DCtx_refPrefix(self._dctx, keep, len(primer)))
 
     def decompress(self, data: bytes | memoryview, limit: int) -> tuple[bytes, bool]:
         """(output, whether the frame ended) of ``data``; LimitExceeded as soon as the output
         passes ``limit``: at most OUTPUT_CHUNK bytes past it are ever produced."""
         src = data if isinstance(data, bytes) else _ffi.from_buffer(data)
         size = len(data)
-        # The first output goes to our small buffer (all of a small message: no allocation); if
-        # there is more, the rest goes OUTPUT_CHUNK bytes at a time.
-        out, room = self._out, SMALL_OUTPUT
+        # Output goes to our small buffer when the message is likely to fit (no allocation), else
+        # to one as large as it may well be (a context's payloads expand up to ~30 times on the
+        # agent loop: one call), never above OUTPUT_CHUNK; more output takes more calls.
+        room = min(OUTPUT_CHUNK, _EXPANSION * size)
+        out = self._out if room <= SMALL_OUTPUT else _new_buffer("char[]", room)
+        room = max(room, SMALL_OUTPUT)
         pos = self._pos
         pos[1] = 0
         parts: list[bytes] = []
@@ -213,7 +194,7 @@ class RawDecompressor:
             if not produced and pos[1] == consumed:  # pragma: no cover - libzstd always moves
                 raise RawError("zstd made no progress")  # with room and input: never loop on
             consumed = pos[1]
-            if room == SMALL_OUTPUT:
+            if room < OUTPUT_CHUNK:
                 out, room = _new_buffer("char[]", OUTPUT_CHUNK), OUTPUT_CHUNK
 
     def memory_size(self) -> int:

@@ -94,7 +94,7 @@ def test_a_new_frame_builds_no_new_zstd_context(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(zstandard, "ZstdCompressor", compressor)
     monkeypatch.setattr(zstandard, "ZstdDecompressor", decompressor)
     cc, dc = ContextCompressor(), ContextDecompressor()
-    history = b""
+    history = b"the system prompt and the tools, which every frame of the session is primed with. "
     for i in range(50):
         message = b"a reply quoting the request before it: " + history[-600:] + str(i).encode()
         cc.restart(history)
@@ -107,6 +107,8 @@ def test_a_new_frame_builds_no_new_zstd_context(monkeypatch: pytest.MonkeyPatch)
 def test_raw_output_bound_is_one_chunk_past_the_limit() -> None:
     """A bomb is refused after at most OUTPUT_CHUNK bytes past the limit (one call's output)."""
     cc, dc = ContextCompressor(), ContextDecompressor()
+    for context in (cc, dc):
+        context.restart(b"history: frames primed with it use the raw contexts")
     bomb = cc.compress(b"\0" * (8 << 20))
     with pytest.raises(LimitExceeded, match="over the limit of 100000"):
         dc.decompress(bomb, 100_000)
@@ -115,6 +117,8 @@ def test_raw_output_bound_is_one_chunk_past_the_limit() -> None:
 
 def test_raw_errors_are_decode_errors_naming_zstd() -> None:
     cc, dc = ContextCompressor(), ContextDecompressor()
+    for context in (cc, dc):
+        context.restart(b"history: frames primed with it use the raw contexts")
     payload = bytearray(cc.compress(b"hello " * 100))
     payload[6] ^= 0xFF  # inside the frame header
     with pytest.raises(DecodeError, match="corrupt zstd context message #1"):
