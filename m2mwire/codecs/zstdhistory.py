@@ -167,16 +167,21 @@ _Sample = tuple[bytes, bytes, bytes]  # (bytes before it, the sample, bytes afte
 
 
 def _samples(message: bytes, own: bytes = b"") -> tuple[_Sample, ...]:
-    """The samples of a peer message (see RESTART_QUOTE), each with its surroundings; a sample that
-    also occurs in ``own`` (our last message, which is in our current frame's window) is left out:
-    zstd matches that text in the frame already, so quoting it is no reason for a new frame (an
-    echo of agent-like text, the same JSON with a few new words, restarted every frame for nothing)."""
+    """The samples of a peer message (see RESTART_QUOTE), each with its surroundings.
+
+    A sample that ``own`` (our last message, in our current frame's window) holds within
+    RESTART_QUOTE bytes of the same place is left out: zstd matches that text in the frame already,
+    so quoting it is no reason for a new frame. That is what an echo or a reply of the same JSON
+    shape with a few new words looks like (every echoed 1 KB message restarted a frame for nothing);
+    a quote of our message from elsewhere still counts. The search is bounded (< 2 * RESTART_QUOTE
+    + PROBE bytes per sample), whatever the sizes of the two messages.
+    """
     size = len(message)
     out = []
     for at in (size // 2, size * 3 // 4):
         end = at + PROBE
         sample = message[at:end]
-        if sample not in own:
+        if own.find(sample, max(0, at - RESTART_QUOTE), end + RESTART_QUOTE) < 0:
             out.append((message[max(0, at - RESTART_QUOTE) : at], sample, message[end : end + RESTART_QUOTE]))
     return tuple(out)
 
