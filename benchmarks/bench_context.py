@@ -56,8 +56,8 @@ def ws_header(size: int, masked: bool) -> int:
 
 
 def _size(message: Any) -> int:
-    if isinstance(message, str):
-        return len(message.encode("utf-8"))
+    if isinstance(message, bytes):  # a text message: its UTF-8
+        return len(message)
     return sum(memoryview(b).nbytes for b in message)
 
 
@@ -70,7 +70,7 @@ def _pair(
     server.initiate(0.0)
     for src, dst in ((client, server), (server, client)):
         for out in src.data_to_send():
-            assert isinstance(out, SendMessage) and isinstance(out.message, str)
+            assert isinstance(out, SendMessage) and out.text
             dst.receive_text(out.message, 0.0)
     return client, server
 
@@ -99,7 +99,7 @@ def run_session(
                 keep.append((sender == "client", out.message))
             got = (
                 dst.receive_text(out.message, 1.0)
-                if isinstance(out.message, str)
+                if out.text
                 else dst.receive_binary(b"".join(bytes(b) for b in out.message), 1.0)
             )
             assert got is not None, dst.closed
@@ -109,7 +109,7 @@ def run_session(
 
 
 def permessage_deflate(messages: list[tuple[bool, Any]], bits: int, mem_level: int) -> int:
-    """Wire bytes of text messages through websockets' PerMessageDeflate, context takeover on."""
+    """Wire bytes of text messages (UTF-8) through websockets' PerMessageDeflate, context takeover on."""
 
     def ext() -> PerMessageDeflate:
         return PerMessageDeflate(False, False, bits, bits, {"memLevel": mem_level})
@@ -119,9 +119,9 @@ def permessage_deflate(messages: list[tuple[bool, Any]], bits: int, mem_level: i
     receivers = {True: ext(), False: ext()}
     total = 0
     for from_client, message in messages:
-        frame = senders[from_client].encode(Frame(Opcode.TEXT, message.encode("utf-8")))
+        frame = senders[from_client].encode(Frame(Opcode.TEXT, message))
         total += len(frame.data) + ws_header(len(frame.data), masked=from_client)
-        assert receivers[from_client].decode(frame).data == message.encode("utf-8")
+        assert receivers[from_client].decode(frame).data == message
     return total
 
 
@@ -297,7 +297,7 @@ def memory_child(algorithm: str, sessions: int, name: str) -> None:
             src.send(content, 1.0, algorithm=A(algorithm))
             for out in src.data_to_send():
                 assert isinstance(out, SendMessage)
-                if isinstance(out.message, str):
+                if out.text:
                     dst.receive_text(out.message, 1.0)
                 else:
                     dst.receive_binary(out.message[0], 1.0)  # type: ignore[arg-type]

@@ -127,16 +127,17 @@ _RELAY_QUEUE = 16  # messages taken from a push channel before it is paused
 
 async def _pipe(src: Channel, dst: Channel) -> None:
     """Hand every message of ``src`` to ``dst`` in order; end ``dst`` the way ``src`` ended."""
-    queue: deque[Message] = deque()
+    # (message, text): relayed as they came; a text message's UTF-8 is the endpoint's to check.
+    queue: deque[tuple[Message, bool]] = deque()
     ended: list[TransportError] = []
     wake = asyncio.Event()
     paused = False
 
     # Channels deliver from their socket callback; pausing them at a small queue keeps what the
     # gateway holds per direction bounded.
-    def on_message(message: Message) -> None:
+    def on_message(message: Message, text: bool) -> None:
         nonlocal paused
-        queue.append(message)
+        queue.append((message, text))
         if len(queue) >= _RELAY_QUEUE and not paused:
             paused = True
             src.pause_reading()
@@ -149,12 +150,12 @@ async def _pipe(src: Channel, dst: Channel) -> None:
     src.start_push(on_message, on_lost)
     while True:
         while queue:
-            message = queue.popleft()
+            message, text = queue.popleft()
             if paused and len(queue) <= _RELAY_QUEUE // 2:
                 paused = False
                 src.resume_reading()
             try:
-                await dst.send(message)
+                await dst.send(message, text)
             except TransportError:
                 src.abort()
                 return

@@ -371,6 +371,60 @@ async def test_bad_first_message_gets_reject_then_close(scheme: str, first: str,
             assert (await good.recv()).text == "unaffected"
 
 
+def _raw_hello() -> str:
+    return json.dumps(
+        {
+            "type": "HELLO",
+            "payload": {
+                "version": "3.0",
+                "agent_id": "raw",
+                "agent_type": "raw",
+                "compression": {
+                    "algorithms": ["none"],
+                    "max_payload": 0,
+                    "streaming": False,
+                    "ml_routing": False,
+                },
+                "security": {"threat_detection": False, "blocking_mode": False, "block_threshold": 0.8},
+            },
+            "timestamp": 1,
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        # in the content: the DATA fast path's decode meets it
+        b'{"type":"DATA","session_id":"%s","payload":{"algorithm":"none","content":"ok \xff"},"timestamp":1}',
+        # in a field nobody reads (msgspec skips unknown fields without looking at their bytes)
+        b'{"type":"DATA","session_id":"%s","payload":{"algorithm":"none","content":"ok","x":"\xc3("},"timestamp":1}',
+        b'{"type":"PING","session_id":"%s","payload":{"note":"\xed\xa0\x80"},"timestamp":1}',
+    ],
+)
+async def test_a_text_message_that_is_not_utf8_is_refused_on_every_transport(scheme: str, bad: bytes) -> None:
+    """Text reaches the session as its UTF-8 bytes, not validated by the transport: the session
+    checks them (once) and refuses invalid UTF-8 anywhere in the message with MALFORMED_MESSAGE
+    and close code 1007, as websockets itself did before."""
+    from m2mwire.errors import TransportError
+
+    async with running(echo, scheme) as server:
+        async with connect(server.url, **client_opts(server)) as good:
+            channel = await _raw_channel(server, scheme)
+            await channel.send(_raw_hello())
+            accept = json.loads(await asyncio.wait_for(channel.recv(), 10))
+            assert accept["type"] == "ACCEPT"
+            await channel.send(bad % accept["session_id"].encode(), True)  # bytes sent as a text message
+            close = json.loads(await asyncio.wait_for(channel.recv(), 10))
+            assert close["type"] == "CLOSE" and close["payload"]["reason"] == "MALFORMED_MESSAGE"
+            assert "not valid UTF-8" in close["payload"]["message"]
+            with pytest.raises(TransportError) as info:
+                await asyncio.wait_for(channel.recv(), 10)
+            assert info.value.code == 1007
+            await good.send("unaffected")
+            assert (await good.recv()).text == "unaffected"
+
+
 async def test_version_mismatch_over_the_wire(scheme: str) -> None:
     async with running(echo, scheme) as server:
         channel = await _raw_channel(server, scheme)

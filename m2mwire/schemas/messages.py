@@ -212,6 +212,18 @@ class DataEnvelope(msgspec.Struct, kw_only=True):
     timestamp: int | None = None
 
 
+# decode_data's shapes: the same fields, with no unknown ones allowed. msgspec validates the UTF-8
+# of every string it builds but skips an unknown field's bytes unchecked, so only when every field
+# is known has a successful decode checked every byte of the message (outside strings only ASCII
+# JSON syntax can parse). That makes the decode the one UTF-8 check of a received DATA message.
+class _StrictDataPayload(DataPayload, forbid_unknown_fields=True):
+    pass
+
+
+class _StrictDataEnvelope(DataEnvelope, forbid_unknown_fields=True):
+    payload: _StrictDataPayload
+
+
 def now_ms() -> int:
     return time.time_ns() // 1_000_000
 
@@ -228,8 +240,9 @@ _close_decoder = msgspec.json.Decoder(ClosePayload)
 _ack_decoder = msgspec.json.Decoder(AckPayload)
 _any_decoder = msgspec.json.Decoder()
 _data_envelope_decoder = msgspec.json.Decoder(DataEnvelope)
+_strict_data_decoder = msgspec.json.Decoder(_StrictDataEnvelope)
 # How every DATA message starts, ours and the reference's (both emit ``type`` first).
-_DATA_START = '{"type":"DATA",'
+_DATA_START = b'{"type":"DATA",'
 # msgspec parses (and skips unknown fields) recursively and raises RecursionError near the
 # interpreter's recursion limit (~1,000 levels): such a message is malformed, not a crash.
 _TOO_DEEP = "session message is nested too deeply to parse (about 1,000 levels or more)"
@@ -237,8 +250,9 @@ _TOO_DEEP = "session message is nested too deeply to parse (about 1,000 levels o
 
 def encode_message(
     type_: MessageType, payload: Any = None, *, session_id: str | None = None, timestamp: int | None = None
-) -> str:
-    """Serialise one message as compact JSON text. ``session_id=None`` omits the key."""
+) -> bytes:
+    """Serialise one message as compact JSON text, in UTF-8 (what a text message carries).
+    ``session_id=None`` omits the key."""
     if payload is None and type_ in (MessageType.PING, MessageType.PONG, MessageType.CLOSE):
         payload = {}
     env = Envelope(
@@ -247,23 +261,23 @@ def encode_message(
         payload=msgspec.UNSET if payload is None else payload,
         timestamp=now_ms() if timestamp is None else timestamp,
     )
-    return _encoder.encode(env).decode()
+    return _encoder.encode(env)
 
 
-def decode_data(text: str, *, limits: Limits = DEFAULT_LIMITS) -> DataEnvelope | None:
-    """Parse a DATA message in one pass, or return None to leave it to :func:`decode_message`.
+def decode_data(data: bytes, *, limits: Limits = DEFAULT_LIMITS) -> DataEnvelope | None:
+    """Parse a DATA message (a text message's UTF-8 bytes, not yet validated) in one pass, or
+    return None to leave it to :func:`decode_message`.
 
     DATA is the per-message case; :func:`decode_message` takes two passes (envelope, then payload
-    by type). None means anything else (another type, a different key order, an error), which
-    :func:`decode_message` then parses and reports properly.
+    by type). A returned envelope also means ``data`` is valid UTF-8 throughout (see
+    ``_StrictDataEnvelope``). None means anything else (another type, a different key order, a
+    field we do not know, invalid UTF-8, an error), which the caller then checks and parses with
+    :func:`decode_message`, and reports properly.
     """
-    if not text.startswith(_DATA_START):
-        return None
-    size = utf8_len(text)
-    if size > limits.max_message_bytes:
+    if not data.startswith(_DATA_START) or len(data) > limits.max_message_bytes:
         return None
     try:
-        env = _data_envelope_decoder.decode(text)
+        env = _strict_data_decoder.decode(data)
     except (msgspec.DecodeError, UnicodeError, RecursionError):
         return None  # decode_message reports it
     return env if env.type == "DATA" else None
@@ -275,7 +289,7 @@ def decode_data_bytes(data: bytes) -> DataEnvelope:
     Raises ProtocolError(code="MALFORMED_MESSAGE") for anything but a DATA message.
     """
     try:
-        env = _data_envelope_decoder.decode(data)
+        env = _strict_data_decoder.decode(data)
     except msgspec.DecodeError as exc:
         raise ProtocolError(f"not a DATA message: {exc}", code="MALFORMED_MESSAGE") from None
     if env.type != "DATA":
@@ -295,12 +309,10 @@ def encode_data_bytes(payload: DataPayload, session_id: str) -> bytes:
     return _encoder.encode(_UntimedDataEnvelope(type="DATA", session_id=session_id, payload=payload))
 
 
-def encode_data(payload: DataPayload, session_id: str, timestamp: int | None = None) -> str:
+def encode_data(payload: DataPayload, session_id: str, timestamp: int | None = None) -> bytes:
     """``encode_message(MessageType.DATA, payload, session_id=...)`` without its generality."""
     ts = time.time_ns() // 1_000_000 if timestamp is None else timestamp
-    return _encoder.encode(
-        Envelope(type="DATA", session_id=session_id, payload=payload, timestamp=ts)
-    ).decode()
+    return _encoder.encode(Envelope(type="DATA", session_id=session_id, payload=payload, timestamp=ts))
 
 
 class Decoded(msgspec.Struct, frozen=True):

@@ -34,8 +34,9 @@ from m2mwire.codecs import (
 )
 from m2mwire.codecs.buffers import Buffer
 from m2mwire.codecs.jsonutil import check_json_text, dumps_compact
-from m2mwire.codecs.utf8 import utf8_len
+from m2mwire.codecs.utf8 import check_utf8, utf8_len
 from m2mwire.errors import (
+    DecodeError,
     EncodeError,
     LimitExceeded,
     M2MError,
@@ -294,11 +295,18 @@ _type_decoder = msgspec.json.Decoder(_TypeOnly)
 # Made once per message, so a frozen msgspec Struct like Message (ten times faster to build than a
 # frozen dataclass).
 class SendMessage(msgspec.Struct, frozen=True):
-    message: str | Sequence[Buffer]  # text message, or a binary message as buffers
+    """One message for the channel: a text message as its UTF-8 bytes (one ``bytes``, written as
+    a text frame without re-encoding), or a binary message as a tuple of buffers."""
+
+    message: bytes | tuple[Buffer, ...]
+
+    @property
+    def text(self) -> bool:
+        return type(self.message) is bytes
 
     @property
     def binary(self) -> bool:
-        return not isinstance(self.message, str)
+        return type(self.message) is not bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,6 +322,7 @@ Output = SendMessage | CloseTransport
 # WebSocket-style close codes used for CloseTransport.
 CLOSE_NORMAL = 1000
 CLOSE_PROTOCOL_ERROR = 1002
+CLOSE_INVALID_DATA = 1007  # a text message that is not UTF-8 (as a WebSocket endpoint closes)
 CLOSE_TOO_BIG = 1009
 CLOSE_GOING_AWAY = 1001
 CLOSE_INTERNAL_ERROR = 1011
@@ -394,8 +403,10 @@ class SessionProtocol:
             self._send_text(encode_message(MessageType.HELLO, caps))
             self.state = State.HELLO_SENT
 
-    def receive_text(self, text: str, now: float) -> Message | None:
-        """Feed one text message from the channel; returns the DATA message it carried, if any.
+    def receive_text(self, data: bytes | str, now: float) -> Message | None:
+        """Feed one text message from the channel, as the UTF-8 bytes it arrived as (not yet
+        validated: this is where they are, once); returns the DATA message it carried, if any.
+        A ``str`` is taken too, for callers that hold text (it is encoded first).
 
         A returned message is not queued as an event, and it means the input did nothing else:
         no event, no output, and no deadline earlier than before (a shell may skip polling).
@@ -404,22 +415,34 @@ class SessionProtocol:
         """
         if self.state is _CLOSED:
             return None
+        if type(data) is not bytes:
+            data = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
         self._last_received = now
+        size = len(data)
         if self.state is _ESTABLISHED:
-            data = decode_data(text, limits=self.config.limits)  # the per-message case, in one pass
-            if data is not None:
-                if len(text) > self._payload_limit:  # chars <= bytes: only then can it be over
-                    self._check_received_size(text)
-                    if self.state is _CLOSED:
-                        return None
-                message = self._on_data(data.session_id, data.payload, now)
+            # The per-message case, in one pass that also validates the UTF-8 (decode_data).
+            env = decode_data(data, limits=self.config.limits)
+            if env is not None:
+                if size > self._payload_limit:
+                    self._too_big(size, "DATA message")
+                    return None
+                message = self._on_data(env.session_id, env.payload, now)
                 if message is not None and self.resume is not None:
-                    self._count_received(len(text), message)
+                    self._count_received(size, message)
                 return message
-        if len(text) > CONTROL_MESSAGE_LIMIT and not self._large_message_allowed(text):
+        if size > CONTROL_MESSAGE_LIMIT and not self._large_message_allowed(data):
             return None
         try:
-            msg = decode_message(text, limits=self.config.limits)
+            check_utf8(data)  # the general path's one check (decode_data's did not succeed)
+        except DecodeError as exc:
+            self._fail(
+                ProtocolError(f"text message is {exc}", code=SessionCode.MALFORMED_MESSAGE),
+                SessionCode.MALFORMED_MESSAGE,
+                CLOSE_INVALID_DATA,
+            )
+            return None
+        try:
+            msg = decode_message(data, limits=self.config.limits)
         except LimitExceeded as exc:
             self._fail(exc, SessionCode.MESSAGE_TOO_BIG, CLOSE_TOO_BIG)
             return None
@@ -429,16 +452,15 @@ class SessionProtocol:
         if msg.type is None:
             self._warn(now, "ignoring message of unknown type %r", _bounded(msg.type_name))
             return None
-        if msg.type is MessageType.DATA and len(text) > self._payload_limit:
-            self._check_received_size(text)  # DATA in another key order than decode_data's
-            if self.state is _CLOSED:
-                return None
+        if msg.type is MessageType.DATA and size > self._payload_limit:
+            self._too_big(size, "DATA message")  # DATA in another key order than decode_data's
+            return None
         if msg.type not in self._expected():
             self._unexpected(msg.type, now)
             return None
         result = _HANDLERS[msg.type](self, msg.session_id, msg.payload, now)
         if result is not None and self.resume is not None:
-            self._count_received(len(text), result)
+            self._count_received(size, result)
         return result
 
     def receive_binary(self, data: bytes | bytearray | memoryview, now: float) -> Message | None:
@@ -606,7 +628,7 @@ class SessionProtocol:
         out = state.wire(zmessage)  # compressed into the context: from here on it must be sent
         self._queue_data(SendMessage(out), zmessage)  # resume retains zmessage, not its wire form
         stats = self.config.token_stats
-        if isinstance(out, str):  # the text form: a DATA envelope carrying #ZS|
+        if isinstance(out, bytes):  # the text form: a DATA envelope carrying #ZS|
             assert zmessage.payload is not None
             wire = zmessage.payload.content
             sent = SentInfo("zstd", False, original, len(wire))
@@ -1174,7 +1196,7 @@ class SessionProtocol:
                 self._queue_output(out)
             return
         message = out.message
-        if not isinstance(message, str) and any(type(part) is not bytes for part in message):
+        if type(message) is not bytes and any(type(part) is not bytes for part in message):
             # Retained past this call: a caller's bytearray or view may change after send().
             message = tuple(bytes(part) for part in message)
             out = SendMessage(message)
@@ -1273,11 +1295,6 @@ class SessionProtocol:
             raise SessionClosed(f"session is {self.state.value}, not ESTABLISHED", code=self.state.value)
         return self.info
 
-    def _check_received_size(self, text: str) -> None:
-        size = utf8_len(text)
-        if size > self._payload_limit:
-            self._too_big(size, "DATA message")
-
     def _too_big(self, size: int, what: str) -> None:
         limit = self._payload_limit
         err = LimitExceeded(
@@ -1287,18 +1304,18 @@ class SessionProtocol:
         )
         self._fail(err, SessionCode.MESSAGE_TOO_BIG, CLOSE_TOO_BIG)
 
-    def _large_message_allowed(self, text: str) -> bool:
+    def _large_message_allowed(self, data: bytes) -> bool:
         """A message over CONTROL_MESSAGE_LIMIT may only be DATA (within max_payload) in an
         established session; anything else fails the session before it is parsed."""
         try:
-            kind = _type_decoder.decode(text).type
+            kind = _type_decoder.decode(data).type
         except (msgspec.DecodeError, UnicodeError):
             kind = ""
+        size = len(data)
         if kind == "DATA" and MessageType.DATA in self._expected():
-            if len(text) > self._payload_limit:
-                self._check_received_size(text)
+            if size > self._payload_limit:
+                self._too_big(size, "DATA message")
             return self.state is not _CLOSED
-        size = utf8_len(text)
         err = LimitExceeded(
             f"{_bounded(kind) or 'a message'} of {size} bytes: control messages are limited to "
             f"{CONTROL_MESSAGE_LIMIT} bytes",
@@ -1331,7 +1348,7 @@ class SessionProtocol:
         self._pong_deadline = now + self.config.timers.pong_timeout
         self._ping_sent_at = now
 
-    def _send_text(self, text: str) -> None:
+    def _send_text(self, text: bytes) -> None:
         self._queue_output(SendMessage(text))
 
     def _queue_output(self, out: Output) -> None:

@@ -396,8 +396,8 @@ def encode_text(
     limits: Limits,
     payload_limit: int,
     correlation: tuple[str | None, str | None, bool, Mapping[str, str] | None] | None = None,
-) -> tuple[str, str, str, int]:
-    """One text DATA message for ``text`` (``original`` UTF-8 bytes): its envelope, the wire
+) -> tuple[bytes, str, str, int]:
+    """One text DATA message for ``text`` (``original`` UTF-8 bytes): its envelope (UTF-8), the wire
     algorithm's name, the wire string and its size. ``algorithm=None`` selects one for
     ``optimize``; ``correlation`` is (request_id, reply_to, more, trace) for a request or an answer.
     Raises EncodeError for an algorithm not negotiated, LimitExceeded for a message over
@@ -417,8 +417,8 @@ def encode_text(
     if correlation is not None:
         correlate(payload, *correlation)
     envelope = encode_data(payload, session_id)
-    if len(envelope) > payload_limit or not envelope.isascii():  # chars <= bytes: only then can it be over
-        check_payload_size(utf8_len(envelope), payload_limit, "DATA message")
+    if len(envelope) > payload_limit:
+        check_payload_size(len(envelope), payload_limit, "DATA message")
     return envelope, _NAMES[algorithm], wire, wire_len
 
 
@@ -457,7 +457,7 @@ def zstd_message(
     payload = correlation or DataPayload(algorithm="zstd", content="")
     payload.content, payload.original_size, payload.content_type = "", original, content_type
     # The envelope without its content, measured exactly (request and trace fields vary).
-    if text_form_bound(original) + utf8_len(encode_data(payload, session_id)) <= limit:
+    if text_form_bound(original) + len(encode_data(payload, session_id)) <= limit:
         return ZstdMessage(text.encode("utf-8"), payload)
     if explicit:
         raise LimitExceeded(

@@ -13,8 +13,9 @@ since its last ACK: so a sender blocked on a full buffer always gets an ACK once
 what it sent (a full buffer holds at least ``buffer`` bytes, more than the quarter), and ACKs cost
 at most one small message per ``ACK_EVERY`` DATA messages.
 
-Sizes are counted the same way on both ends: the length of a text message in characters (what
-``len()`` of the envelope gives), of a binary message in bytes; a zstd-context message counts
+Sizes are counted the same way on both ends: a text message by its UTF-8 bytes (what the channel
+carries; identical to its characters for the usual ASCII envelope), a binary message by its bytes;
+a zstd-context message counts
 decompressed (a binary one: envelope line + content; the text form: its envelope with the content
 in place of the ``#ZS|`` string). It is retained uncompressed (a
 :class:`~m2mwire.session.zstdstate.ZstdMessage`, compressed again after a resume), so the bound
@@ -27,7 +28,7 @@ from __future__ import annotations
 import hmac
 import secrets
 from collections import deque
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 
 from m2mwire.codecs.buffers import Buffer
 from m2mwire.codecs.limits import MiB
@@ -41,7 +42,8 @@ DEFAULT_RESUME_BUFFER = 16 * MiB
 ACK_EVERY = 64  # DATA messages received before an ACK is due, whatever their size
 _TOKEN_BYTES = 32  # 256 bits of secret: a session id alone never resumes a session
 
-RetainedMessage = str | Sequence[Buffer] | ZstdMessage
+# A text message's UTF-8 bytes, a binary message's buffers, or a zstd message to compress again.
+RetainedMessage = bytes | tuple[Buffer, ...] | ZstdMessage
 
 
 def new_token() -> str:
@@ -52,7 +54,7 @@ def message_size(message: RetainedMessage) -> int:
     """Size of one message as both ends count it for acknowledgements (see the module docstring)."""
     if isinstance(message, ZstdMessage):
         return message.size
-    if isinstance(message, str):
+    if isinstance(message, bytes):
         return len(message)
     return sum(memoryview(part).nbytes for part in message)
 

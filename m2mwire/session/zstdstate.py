@@ -152,11 +152,11 @@ class ZstdSessionState:
         """A binary message: the kind byte + the payload of ``envelope`` (see :meth:`envelope`) + ``text``."""
         return self._compress(envelope + text.encode("utf-8"), self._kind_byte)
 
-    def wire(self, message: ZstdMessage) -> str | tuple[bytes]:
+    def wire(self, message: ZstdMessage) -> bytes | tuple[bytes]:
         """``message`` compressed in the context as it is now: a binary message (as the one
-        buffer of a SendMessage) or a text DATA envelope carrying ``#ZS|``.
+        buffer of a SendMessage) or a text DATA envelope carrying ``#ZS|`` (its UTF-8 bytes).
 
-        The first call fixes ``message.size`` for the text form: the envelope's characters with
+        The first call fixes ``message.size`` for the text form: the envelope's bytes with
         the ``#ZS|`` string replaced by the content's bytes, which is also what the receiver can
         count (the length of what it got, minus the wire content, plus the decoded content).
         """

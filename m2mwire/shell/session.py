@@ -78,7 +78,7 @@ def _no_encoder(_content: object, _metadata: object) -> Sequence[Buffer]:
     raise AssertionError("Session._avp_encode is bound with the session's AVP metadata")
 
 
-def _ignore(_arg: object) -> None:
+def _ignore(*_args: object) -> None:
     """Callbacks of a channel the session left: it is aborted, what it still says is moot."""
 
 
@@ -389,7 +389,7 @@ class Session:
         if not self._writing and not self._transport_closed:
             # Nothing queued before us and nobody writing: write synchronously if the channel can.
             out = protocol.sole_output()
-            if isinstance(out, SendMessage) and self._channel.send_now(out.message):
+            if isinstance(out, SendMessage) and self._channel.send_now(out.message, out.text):
                 protocol.next_output()
                 if self._paused:
                     self._update_reading()
@@ -843,7 +843,7 @@ class Session:
                     elif not self._transport_closed:
                         channel = self._channel
                         try:
-                            if (task := self._start_write(out.message)) is not None:
+                            if (task := self._start_write(out)) is not None:
                                 await asyncio.shield(task)
                         except TransportError as exc:
                             if channel is self._channel:
@@ -853,8 +853,8 @@ class Session:
             finally:
                 self._writing = False
 
-    def _start_write(self, message: str | Sequence[Buffer]) -> asyncio.Task[None] | None:
-        """Write ``message`` such that cancelling the caller never cuts it in half; returns None
+    def _start_write(self, out: SendMessage) -> asyncio.Task[None] | None:
+        """Write ``out``'s message such that cancelling the caller never cuts it in half; returns None
         when it is written, or the task that finishes it (await it through shield()).
 
         ``send_now`` writes it at once when the channel has room (no task, no loop turn). When it
@@ -863,9 +863,10 @@ class Session:
         write_timeout timer drops a peer that lets it wait too long.
         """
         channel = self._channel
-        if channel.send_now(message):
+        message, text = out.message, out.text
+        if channel.send_now(message, text):
             return None
-        task = self._loop.create_task(channel.send(message))
+        task = self._loop.create_task(channel.send(message, text))
         self._inflight = task
         self._write_timer = self._loop.call_later(
             self._protocol.config.timers.write_timeout, self._on_write_timeout, task
@@ -903,13 +904,14 @@ class Session:
             self._writer_wakeup.clear()
             await self._write_pending()
 
-    def _feed(self, data: str | bytes) -> None:
-        """One received message: through the protocol, into the inbox; pause reading when full."""
+    def _feed(self, data: bytes, text: bool) -> None:
+        """One received message (a text one as its UTF-8 bytes, which the protocol validates):
+        through the protocol, into the inbox; pause reading when full."""
         proto = self._protocol
         if proto.state is _CLOSED:
             return
         try:
-            if isinstance(data, str):
+            if text:
                 message = proto.receive_text(data, self._loop.time())
             else:
                 message = proto.receive_binary(data, self._loop.time())
@@ -1046,7 +1048,7 @@ class Session:
         self._channel.start_push(_ignore_message, _ignore_loss)
 
 
-def _ignore_message(_message: str | bytes) -> None:
+def _ignore_message(_message: bytes, _text: bool) -> None:
     """What a finished session's channel delivers to (nothing can arrive: it is closed)."""
 
 

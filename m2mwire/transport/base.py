@@ -1,7 +1,9 @@
 """The contract between the session layer and a transport.
 
-A transport only moves whole messages of two kinds: text (``str``, carrying JSON envelopes) and
-binary (``bytes``, carrying TokenNative binary and AVP frames). It knows nothing about sessions.
+A transport only moves whole messages of two kinds: text (JSON envelopes) and binary (TokenNative
+binary, AVP frames, ...). Both travel as bytes plus a kind flag: a text message is its UTF-8 bytes,
+handed over as received (the session validates them, once, as it parses: a transport does not
+decode them to ``str`` and back). It knows nothing about sessions.
 Each transport (WebSocket, QUIC, NATS, in-memory) provides a :class:`Channel` per session and a
 :class:`Listener` per server, through the functions the transport registry calls.
 """
@@ -22,14 +24,20 @@ __all__ = [
     "DirectSendChannel",
     "Listener",
     "Message",
+    "OnMessage",
     "OutgoingMessage",
     "PushChannel",
     "TransportConfig",
 ]
 
-Message = str | bytes
-# A binary message may be handed over as a list of buffers (e.g. header, metadata, tensor view) so
-# the sender never concatenates large payloads; the receiver always gets one ``bytes``.
+# A received message: one ``bytes``, with a flag saying whether it is text (UTF-8, not yet
+# validated) or binary.
+Message = bytes
+OnMessage = Callable[[bytes, bool], None]  # (message, text)
+# A message to send: its bytes, as one buffer or a list of them (e.g. header, metadata, tensor
+# view, so the sender never concatenates large payloads), sent as text when ``text=True`` (then
+# UTF-8, written as they are). A ``str`` is a text message too, encoded by the transport: for
+# callers that hold text; the session hands bytes.
 OutgoingMessage = str | Buffer | Sequence[Buffer]
 
 
@@ -58,12 +66,10 @@ class Channel(Protocol):
         """Printable peer address, for logs."""
         ...
 
-    def start_push(
-        self, on_message: Callable[[Message], None], on_lost: Callable[[TransportError], None]
-    ) -> None:
-        """Deliver every received message to ``on_message``, in order, including any received
-        before the call (those synchronously, within the call); ``on_lost`` is called once when
-        the channel is gone (``clean=True`` for an orderly close, with the close code and reason).
+    def start_push(self, on_message: OnMessage, on_lost: Callable[[TransportError], None]) -> None:
+        """Deliver every received message to ``on_message(data, text)``, in order, including any
+        received before the call (those synchronously, within the call); ``on_lost`` is called once
+        when the channel is gone (``clean=True`` for an orderly close, with the close code and reason).
         Calling it again replaces the callbacks."""
         ...
 
@@ -73,15 +79,16 @@ class Channel(Protocol):
 
     def resume_reading(self) -> None: ...
 
-    def send_now(self, message: OutgoingMessage) -> bool:
+    def send_now(self, message: OutgoingMessage, text: bool = False) -> bool:
         """Write the whole message now and return True, or write nothing and return False
         (writing is paused by flow control, the channel is closing, ...): the caller then uses
-        :meth:`send`, which waits or raises."""
+        :meth:`send`, which waits or raises. ``text``: the bytes are a text message's UTF-8."""
         ...
 
-    async def send(self, message: OutgoingMessage) -> None:
-        """Send one message. Waits while the peer or the network is slow (backpressure); cancelled
-        while waiting, it has written nothing or the whole message, never part of it.
+    async def send(self, message: OutgoingMessage, text: bool = False) -> None:
+        """Send one message (``text`` as for :meth:`send_now`). Waits while the peer or the
+        network is slow (backpressure); cancelled while waiting, it has written nothing or the
+        whole message, never part of it.
 
         Raises :class:`m2mwire.errors.TransportError` when the channel is closed.
         """

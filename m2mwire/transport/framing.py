@@ -54,6 +54,7 @@ CLOSE_BODY_MAX_BYTES = 125
 CLOSE_REASON_MAX_BYTES = CLOSE_BODY_MAX_BYTES - 2
 
 _HEADER = struct.Struct(">BI")
+_DATA_KINDS = (KIND_TEXT, KIND_BINARY)
 _CODE = struct.Struct(">H")
 
 
@@ -135,11 +136,14 @@ def encode_close(code: int, reason: str = "") -> bytes:
 
 
 class Deframer:
-    """Incremental decoder: :meth:`feed` bytes as they arrive, then call :meth:`next_message`.
+    """Incremental decoder: :meth:`feed` bytes as they arrive, then call :meth:`next_frame` (or
+    :meth:`next_message`).
 
-    ``next_message()`` returns a ``str`` (text), ``bytes`` (binary), a :class:`CloseFrame`, or
-    ``None`` when more bytes are needed (or the stream ended cleanly; see :attr:`finished`). It
-    raises :class:`FramingError` on a violation; the deframer then stays failed and raises the same
+    ``next_frame()`` returns ``(body, text)`` for a message (a text body as its UTF-8 bytes, not
+    validated: the session does that as it parses), a :class:`CloseFrame`, or ``None`` when more
+    bytes are needed (or the stream ended cleanly; see :attr:`finished`). ``next_message()`` is the
+    same with text decoded to ``str`` (a text body that is not UTF-8 is then a violation). Both
+    raise :class:`FramingError` on a violation; the deframer then stays failed and raises the same
     error again. Messages completed before the violation are returned first, in order.
     """
 
@@ -224,29 +228,39 @@ class Deframer:
         self._eof = True
 
     def next_message(self) -> str | bytes | CloseFrame | None:
+        """The next message with text decoded to ``str``: for a channel used without a session."""
+        frame = self.next_frame()
+        if not isinstance(frame, tuple):
+            return frame
+        body, text = frame
+        if not text:
+            return body
+        try:
+            return str(body, "utf-8")
+        except UnicodeDecodeError as exc:
+            self._error = FramingError(
+                f"text frame is not valid UTF-8 ({exc.reason} at byte {exc.start})",
+                code=ErrorCode.INVALID_UTF8,
+            )
+            self._chunks.clear()
+            self.buffered = 0
+            raise self._error from None
+
+    def next_frame(self) -> tuple[bytes, bool] | CloseFrame | None:
         if self._error is not None:
             raise self._error
         if self._kind == 0 and self.buffered >= HEADER_SIZE and not self._closed:
             # Fast path: a whole text or binary frame inside the first chunk (the common case for
-            # small messages), decoded with one slice.
+            # small messages), taken with one slice.
             chunk = self._chunks[0]
             pos = self._pos
             if len(chunk) - pos >= HEADER_SIZE:
                 kind, length = _HEADER.unpack_from(chunk, pos)
                 start = pos + HEADER_SIZE
                 end = start + length
-                if end <= len(chunk) and length <= self._max_message_size:
-                    if kind == KIND_BINARY:
-                        self._advance(end, HEADER_SIZE + length)
-                        return chunk[start:end]
-                    if kind == KIND_TEXT:
-                        try:
-                            text = str(memoryview(chunk)[start:end], "utf-8")
-                        except UnicodeDecodeError:
-                            pass  # the general path below reports it
-                        else:
-                            self._advance(end, HEADER_SIZE + length)
-                            return text
+                if end <= len(chunk) and length <= self._max_message_size and kind in _DATA_KINDS:
+                    self._advance(end, HEADER_SIZE + length)
+                    return chunk[start:end], kind == KIND_TEXT
         try:
             return self._next()
         except FramingError as exc:
@@ -257,7 +271,7 @@ class Deframer:
 
     # -- internals -------------------------------------------------------------------------------
 
-    def _next(self) -> str | bytes | CloseFrame | None:
+    def _next(self) -> tuple[bytes, bool] | CloseFrame | None:
         if self._kind == 0:
             if self.buffered < HEADER_SIZE:
                 if self._eof and self.buffered:
@@ -301,16 +315,8 @@ class Deframer:
             return None
         kind, self._kind = self._kind, 0
         body = self._read_body(self._length)
-        if kind == KIND_BINARY:
-            return bytes(body) if not isinstance(body, bytes) else body
-        if kind == KIND_TEXT:
-            try:
-                return str(body, "utf-8")
-            except UnicodeDecodeError as exc:
-                raise FramingError(
-                    f"text frame is not valid UTF-8 ({exc.reason} at byte {exc.start})",
-                    code=ErrorCode.INVALID_UTF8,
-                ) from None
+        if kind != KIND_CLOSE:
+            return (body if isinstance(body, bytes) else bytes(body)), kind == KIND_TEXT
         raw = bytes(body)
         try:
             reason = raw[2:].decode("utf-8")

@@ -5,8 +5,9 @@ over ``socket.socketpair()``, httpcore over a mock backend). Each direction has 
 on the receiving side, and the pair behaves as a connection does:
 
 * **reading**: the receiver's buffer is delivered, in order, to ``start_push``'s callback (one
-  loop turn after the write, as a socket's data arrives) or to ``recv()``; ``pause_reading()``
-  stops delivery and the buffer then fills.
+  loop turn after the write, as a socket's data arrives; a text message as its UTF-8 bytes and
+  the text flag, as every transport hands it) or to ``recv()`` (text decoded to ``str``);
+  ``pause_reading()`` stops delivery and the buffer then fills.
 * **writing**: ``send_now`` writes when the peer's buffer has room and returns False otherwise;
   ``send()`` waits for room (real backpressure: nothing is buffered beyond ``buffer_bytes``, save
   one message of any size into an empty buffer, as a socket's write buffer takes any write).
@@ -31,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from m2mwire.errors import TransportError
-from m2mwire.transport.base import Channel, ChannelHandler, Message, OutgoingMessage, TransportConfig
+from m2mwire.transport.base import Channel, ChannelHandler, OnMessage, OutgoingMessage, TransportConfig
 from m2mwire.transport.registry import Endpoint, Registration
 
 __all__ = ["REGISTRATION", "MemoryChannel", "MemoryListener", "listen", "open", "pair"]
@@ -46,12 +47,8 @@ class _Close:
     reason: str
 
 
-OnMessage = Callable[[Message], None]
 OnLost = Callable[[TransportError], None]
-
-
-def _size(message: Message) -> int:
-    return len(message.encode()) if isinstance(message, str) else len(message)
+_Data = tuple[bytes, bool]  # a message as it travels: its bytes and whether it is text
 
 
 class MemoryChannel:
@@ -63,7 +60,7 @@ class MemoryChannel:
         self._max = max_message_size
         self._capacity = buffer_bytes
         self.peer: MemoryChannel | None = None
-        self._incoming: deque[Message | _Close] = deque()
+        self._incoming: deque[_Data | _Close] = deque()
         self.buffered_bytes = 0  # bytes in _incoming: what the peer wrote and we have not read
         self._space: list[asyncio.Future[None]] = []  # the peer's send() calls waiting for room
         self._readable: asyncio.Future[None] | None = None  # our recv() waiting for a message
@@ -88,18 +85,18 @@ class MemoryChannel:
     def remote_address(self) -> str:
         return f"memory:{self._name}"
 
-    def send_now(self, message: OutgoingMessage) -> bool:
+    def send_now(self, message: OutgoingMessage, text: bool = False) -> bool:
         """Write ``message`` if the peer's buffer has room; False (nothing written) otherwise."""
-        data = _whole(message)
+        data = _whole(message, text)
         peer = self._writable_peer()
-        if peer is None or not peer._has_room(_size(data)):
+        if peer is None or not peer._has_room(len(data[0])):
             return False
         peer._receive(data)
         return True
 
-    async def send(self, message: OutgoingMessage) -> None:
-        data = _whole(message)
-        size = _size(data)
+    async def send(self, message: OutgoingMessage, text: bool = False) -> None:
+        data = _whole(message, text)
+        size = len(data[0])
         while True:
             peer = self._writable_peer()
             if peer is None:
@@ -111,13 +108,15 @@ class MemoryChannel:
             peer._space.append(waiter)
             await waiter  # cancelled here: nothing was written
 
-    async def recv(self) -> Message:
+    async def recv(self) -> str | bytes:
+        """The next message, text decoded to ``str`` (a test's view; the session's is start_push)."""
         while True:
             if self._incoming and not isinstance(self._incoming[0], _Close):
                 message = self._incoming.popleft()
                 assert not isinstance(message, _Close)
                 self._taken(message)
-                return message
+                data, text = message
+                return data.decode() if text else data
             if self._incoming:
                 self._read_close()
             if self.lost is not None:
@@ -176,9 +175,9 @@ class MemoryChannel:
     def _has_room(self, size: int) -> bool:
         return self.buffered_bytes == 0 or self.buffered_bytes + size <= self._capacity
 
-    def _receive(self, message: Message) -> None:
+    def _receive(self, message: _Data) -> None:
         """The peer wrote ``message``: check it against our limit first, then buffer it."""
-        size = _size(message)
+        size = len(message[0])
         if self._max and size > self._max:
             reason = f"message of {size} bytes over the {self._max}-byte limit"
             error = TransportError(f"in-memory connection failed (1009 {reason})", code=1009, reason=reason)
@@ -191,8 +190,8 @@ class MemoryChannel:
         self.buffered_bytes += size
         self._schedule_delivery()
 
-    def _taken(self, message: Message) -> None:
-        self.buffered_bytes -= _size(message)
+    def _taken(self, message: _Data) -> None:
+        self.buffered_bytes -= len(message[0])
         waiters, self._space = self._space, []
         for waiter in waiters:
             if not waiter.done():
@@ -214,7 +213,7 @@ class MemoryChannel:
                 self._read_close()
                 return
             self._taken(message)
-            self._on_message(message)
+            self._on_message(*message)
 
     def _read_close(self) -> None:
         """The peer's close is next: we are closed, with its code and reason (the close we
@@ -258,12 +257,12 @@ class MemoryChannel:
             on_lost(error)
 
 
-def _whole(message: OutgoingMessage) -> Message:
+def _whole(message: OutgoingMessage, text: bool) -> _Data:
     if isinstance(message, str):
-        return message
+        return message.encode(), True
     if isinstance(message, bytes | bytearray | memoryview):
-        return bytes(message)
-    return b"".join(message)
+        return bytes(message), text
+    return b"".join(message), text
 
 
 def pair(

@@ -1,6 +1,10 @@
 """WebSocket transport: one session per WebSocket connection (websockets' asyncio API).
 
-Text messages carry JSON envelopes; binary messages carry TokenNative binary and AVP frames.
+Text messages carry JSON envelopes; binary messages carry TokenNative binary and AVP frames. Both
+reach the session as bytes plus a text flag: a text frame's payload is not decoded here (websockets'
+sans-I/O layer does not decode data frames either; its asyncio layer would, but we take frames
+before it), the session validates its UTF-8 as it parses it and, when it is not UTF-8, closes
+with 1007 as websockets would. A text message is sent from the UTF-8 bytes the session encoded.
 permessage-deflate is always off: we compress ourselves, and deflate on tensor frames was measured
 60x slower. websockets' own keepalive pings are off too: the session's PING/PONG does that job.
 
@@ -37,7 +41,7 @@ from websockets.protocol import State
 
 from m2mwire.errors import TransportError
 from m2mwire.transport import websockets_compat as compat
-from m2mwire.transport.base import Message, OutgoingMessage
+from m2mwire.transport.base import Message, OnMessage, OutgoingMessage
 from m2mwire.transport.chunkreader import ChunkReader
 
 __all__ = ["WebSocketChannel", "connect_websocket", "serve_websocket"]
@@ -74,7 +78,6 @@ _MIN_FRAGMENTS = 1024
 _TEXT, _CONT = Opcode.TEXT, Opcode.CONT
 _OPEN = State.OPEN
 
-OnMessage = Callable[[Message], None]
 OnLost = Callable[[TransportError], None]
 
 
@@ -87,7 +90,7 @@ class _PushMixin(compat.DataFrameHook, compat.QuietAfterAbort):
     def _m2m_init(self) -> None:
         self.m2m_on_message: OnMessage | None = None
         self.m2m_on_lost: OnLost | None = None
-        self.m2m_early: deque[Message] = deque()
+        self.m2m_early: deque[tuple[Message, bool]] = deque()  # (message, text) before start_push
         self.m2m_lost: TransportError | None = None
         self._m2m_frags: list[bytes] | None = None
         self._m2m_frames_left = 0  # frames the fragmented message in progress may still have
@@ -238,21 +241,13 @@ class _PushMixin(compat.DataFrameHook, compat.QuietAfterAbort):
             return
         else:
             data, is_text = event.data, opcode is _TEXT
-        if is_text:
-            try:
-                # Decoded from the frame's buffer: a payload that came as a view of the socket
-                # chunk (ChunkReader, 4 KiB and up) is not copied to bytes first.
-                message: Message = str(data, "utf-8")
-            except UnicodeDecodeError as exc:
-                self.protocol.fail(CloseCode.INVALID_DATA, f"{exc.reason} at position {exc.start}")
-                compat.flush(self)  # data_received flushed before processing events: flush the close
-                return
-        else:
-            message = bytes(data)  # the same object when it is bytes already
+        # Text too stays bytes (the session validates the UTF-8 as it parses): the same object
+        # when it is bytes already (a server's unmasked payload), one copy of a view otherwise.
+        message = bytes(data)
         if self.m2m_on_message is not None:
-            self.m2m_on_message(message)
+            self.m2m_on_message(message, is_text)
         else:
-            self.m2m_early.append(message)
+            self.m2m_early.append((message, is_text))
             if self.m2m_waiter is not None and not self.m2m_waiter.done():
                 self.m2m_waiter.set_result(None)
 
@@ -324,7 +319,7 @@ class WebSocketChannel:
             return f"{addr[0]}:{addr[1]}"
         return str(addr)
 
-    def send_now(self, message: OutgoingMessage) -> bool:
+    def send_now(self, message: OutgoingMessage, text: bool = False) -> bool:
         """Write ``message`` now through websockets' Sans-I/O protocol, or return False untouched.
 
         This is what ``Connection.send()`` does for a message that needs no waiting, without its
@@ -337,49 +332,63 @@ class WebSocketChannel:
         if ws.m2m_writing_paused or protocol.state is not _OPEN:
             return False
         if isinstance(message, str):
-            data = message.encode()
-            protocol.send_text(data)
-            size = len(data)
-        elif isinstance(message, bytes | bytearray | memoryview):
-            protocol.send_binary(message)
-            size = memoryview(message).nbytes
-        elif len(message) == 1:
-            protocol.send_binary(message[0])
-            size = memoryview(message[0]).nbytes
-        elif (size := sum(memoryview(part).nbytes for part in message)) <= _JOIN_BELOW:
-            protocol.send_binary(b"".join(message))
+            message, text = message.encode(), True
+        elif not isinstance(message, bytes | bytearray | memoryview):
+            if len(message) == 1:
+                message = message[0]
+            elif sum(memoryview(part).nbytes for part in message) <= _JOIN_BELOW:
+                message = b"".join(message)  # one frame beats several for small messages
+            else:
+                return False  # fragments: send()'s job
+        if text:
+            protocol.send_text(message)  # a text message's UTF-8 as it is: no decode, no re-encode
         else:
-            return False
-        ws.m2m_write_soon(size)
+            protocol.send_binary(message)
+        ws.m2m_write_soon(len(message) if type(message) is bytes else memoryview(message).nbytes)
         return True
 
-    async def send(self, message: OutgoingMessage) -> None:
-        try:
-            if isinstance(message, str | bytes | bytearray | memoryview):
-                await self._ws.send(message)
-            elif len(message) == 1:
-                await self._ws.send(message[0])
+    async def send(self, message: OutgoingMessage, text: bool = False) -> None:
+        if isinstance(message, str):
+            message, text = message.encode(), True
+        elif not isinstance(message, bytes | bytearray | memoryview):
+            if len(message) == 1:
+                message = message[0]
             elif sum(memoryview(part).nbytes for part in message) <= _JOIN_BELOW:
-                await self._ws.send(b"".join(message))  # one frame beats several for small messages
+                message = b"".join(message)  # one frame beats several for small messages
             else:
-                await self._ws.send(list(message))  # fragments of one binary message, no concatenation
+                message = list(message)  # fragments of one message, no concatenation
+        try:
+            await self._ws.send(message, text=text)  # bytes with text=True: a text frame
         except ConnectionClosed as exc:
             raise _closed(exc) from exc
 
-    async def recv(self) -> Message:
+    async def recv(self) -> str | bytes:
+        """The next message, text decoded to ``str``: for a channel used without a session
+        (the session takes messages with start_push, as bytes and a text flag)."""
         ws = self._ws
         while not ws.m2m_early:
             if ws.m2m_lost is not None:
                 raise ws.m2m_lost
             ws.m2m_waiter = asyncio.get_running_loop().create_future()
             await ws.m2m_waiter
-        return ws.m2m_early.popleft()
+        data, text = ws.m2m_early.popleft()
+        if not text:
+            return data
+        try:
+            return str(data, "utf-8")
+        except UnicodeDecodeError as exc:
+            reason = f"{exc.reason} at position {exc.start}"
+            ws.protocol.fail(CloseCode.INVALID_DATA, reason)
+            compat.flush(ws)
+            raise TransportError(
+                f"WebSocket text message is not UTF-8 ({reason}): closed with 1007", code=1007, reason=reason
+            ) from None
 
     def start_push(self, on_message: OnMessage, on_lost: OnLost) -> None:
         """Deliver every message (including any already received) to ``on_message``, in order."""
         ws = self._ws
         while ws.m2m_early:
-            on_message(ws.m2m_early.popleft())
+            on_message(*ws.m2m_early.popleft())
         ws.m2m_on_message = on_message
         if ws.m2m_lost is not None:
             on_lost(ws.m2m_lost)

@@ -43,7 +43,7 @@ def test_a_code_encodes_as_the_plain_string() -> None:
         MessageType.CLOSE, as_str, session_id="s", timestamp=1
     )
     rejection = Rejection(code=RejectCode.RATE_LIMITED, message="m")
-    assert '"code":"RATE_LIMITED"' in encode_message(MessageType.REJECT, rejection, timestamp=1)
+    assert b'"code":"RATE_LIMITED"' in encode_message(MessageType.REJECT, rejection, timestamp=1)
 
 
 def test_the_session_package_spells_no_code_as_a_string() -> None:

@@ -10,6 +10,7 @@ import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from msgspec.structs import asdict
 
 from m2mwire.errors import LimitExceeded, ProtocolError
 from m2mwire.schemas.identity import ModelIdentity
@@ -99,19 +100,19 @@ def _caps(**extra: Any) -> Capabilities:
 def test_our_hello_is_byte_identical_to_reference_shape() -> None:
     # Same values as the reference vector: our serialisation must produce its exact bytes.
     ours = encode_message(MessageType.HELLO, _caps(), timestamp=1705520400000)
-    assert ours == VECTORS["msg_hello_raw"]
+    assert ours == VECTORS["msg_hello_raw"].encode()
 
 
 def test_our_control_messages_match_reference_bytes() -> None:
-    assert encode_message(MessageType.PING, session_id="sid", timestamp=1) == VECTORS["msg_ping_raw"]
-    assert encode_message(MessageType.PONG, session_id="sid", timestamp=2) == VECTORS["msg_pong_raw"]
+    assert encode_message(MessageType.PING, session_id="sid", timestamp=1) == VECTORS["msg_ping_raw"].encode()
+    assert encode_message(MessageType.PONG, session_id="sid", timestamp=2) == VECTORS["msg_pong_raw"].encode()
     assert (
         encode_message(
             MessageType.REJECT,
             Rejection(code="NO_COMMON_ALGORITHM", message="No common compression algorithm"),
             timestamp=1705520400100,
         )
-        == VECTORS["msg_reject_raw"]
+        == VECTORS["msg_reject_raw"].encode()
     )
     assert (
         encode_message(
@@ -120,7 +121,7 @@ def test_our_control_messages_match_reference_bytes() -> None:
             session_id="00000000-0000-4000-8000-00000000abcd",
             timestamp=1705520401000,
         )
-        == VECTORS["msg_data_raw"]
+        == VECTORS["msg_data_raw"].encode()
     )
 
 
@@ -139,15 +140,20 @@ def test_data_fast_paths_match_the_general_ones(
     assert wire == encode_message(MessageType.DATA, payload, session_id=session_id, timestamp=7)
     fast, general = decode_data(wire), decode_message(wire)
     assert fast is not None
-    assert (fast.session_id, fast.payload, fast.timestamp) == (general.session_id, general.payload, 7)
+    # The fast path's payload is DataPayload's strict subclass: compare the fields.
+    assert (fast.session_id, asdict(fast.payload), fast.timestamp) == (
+        general.session_id,
+        asdict(general.payload),  # type: ignore[arg-type]
+        7,
+    )
 
 
 def test_encode_data_reproduces_the_reference_vector() -> None:
     payload = DataPayload(algorithm="tokennative", content="#TK|C|sk0L/Q4A")
     sid = "00000000-0000-4000-8000-00000000abcd"
-    assert encode_data(payload, sid, timestamp=1705520401000) == VECTORS["msg_data_raw"]
-    fast = decode_data(VECTORS["msg_data_raw"])
-    assert fast is not None and fast.payload == payload and fast.session_id == sid
+    assert encode_data(payload, sid, timestamp=1705520401000) == VECTORS["msg_data_raw"].encode()
+    fast = decode_data(VECTORS["msg_data_raw"].encode())
+    assert fast is not None and asdict(fast.payload) == asdict(payload) and fast.session_id == sid
 
 
 @pytest.mark.parametrize(
@@ -165,13 +171,13 @@ def test_encode_data_reproduces_the_reference_vector() -> None:
 )
 def test_decode_data_leaves_everything_else_to_decode_message(raw: str) -> None:
     # None is "not mine": the general parser then accepts it or reports the error with its code.
-    assert decode_data(raw) is None
+    assert decode_data(raw.encode()) is None
 
 
 def test_decode_data_leaves_oversized_messages_to_the_limit_check() -> None:
     from m2mwire.codecs.limits import Limits
 
-    raw = '{"type":"DATA","session_id":"s","payload":{"algorithm":"none","content":"xxxx"},"timestamp":1}'
+    raw = b'{"type":"DATA","session_id":"s","payload":{"algorithm":"none","content":"xxxx"},"timestamp":1}'
     assert decode_data(raw, limits=Limits(max_message_bytes=len(raw))) is not None
     assert decode_data(raw, limits=Limits(max_message_bytes=len(raw) - 1)) is None
     with pytest.raises(LimitExceeded):
@@ -279,3 +285,55 @@ def test_json_schema_exported_file_is_current() -> None:
     assert json.loads(exported.read_text()) == json_schema(), f"stale: {regenerate}"
     defs = json_schema()["$defs"]
     assert {"Envelope", "Capabilities", "DataPayload", "Rejection", "ClosePayload"} <= set(defs)
+
+
+def _general_data(data: bytes) -> Any:
+    """The general path a received text message takes when decode_data declines: one UTF-8 check
+    of the whole message, then decode_message. Returns its DATA payload, or None."""
+    try:
+        data.decode("utf-8")
+        decoded = decode_message(data)
+    except (UnicodeDecodeError, ProtocolError, LimitExceeded):
+        return None
+    return decoded if decoded.type is MessageType.DATA else None
+
+
+_ENVELOPES = st.builds(
+    lambda content, sid, extra: (encode_data(DataPayload(algorithm="none", content=content), sid, 7), extra),
+    st.text(),
+    st.text(st.characters(blacklist_categories=("Cs",)), max_size=8),
+    st.none() | st.binary(max_size=8),
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    envelope=_ENVELOPES,
+    where=st.sampled_from(["none", "payload", "envelope", "splice"]),
+    cut=st.integers(min_value=0, max_value=200),
+    splice=st.binary(min_size=1, max_size=4),
+)
+def test_decode_data_returns_only_utf8_it_validated_and_agrees_with_the_general_path(
+    envelope: tuple[bytes, bytes | None], where: str, cut: int, splice: bytes
+) -> None:
+    """decode_data is the received DATA fast path and its decode is the message's one UTF-8 check:
+    whatever it returns must be valid UTF-8 throughout (including in fields it does not read, where
+    msgspec would skip bytes unchecked) and equal to what the general path decodes; a plain DATA
+    message of ours always takes it. Bytes are spliced into the content, into unknown fields of the
+    payload and of the envelope, and anywhere at all."""
+    data, extra = envelope
+    if where == "payload" and extra is not None:
+        data = data.replace(b'"payload":{', b'"payload":{"x":"' + extra.replace(b'"', b"") + b'",', 1)
+    elif where == "envelope" and extra is not None:
+        data = data.replace(b'"payload":', b'"x":"' + extra.replace(b'"', b"") + b'","payload":', 1)
+    elif where == "splice":
+        at = min(cut, len(data))
+        data = data[:at] + splice + data[at:]
+    fast = decode_data(data)
+    general = _general_data(data)
+    if fast is not None:
+        data.decode("utf-8")  # raises if the fast path let invalid UTF-8 through
+        assert general is not None
+        assert (fast.session_id, asdict(fast.payload)) == (general.session_id, asdict(general.payload))
+    if where == "none" or (extra is None and where != "splice"):
+        assert fast is not None  # our own DATA, untouched, is the fast path's case

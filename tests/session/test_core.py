@@ -64,7 +64,7 @@ def pump(
         if isinstance(out, CloseTransport):
             closes.append(out)
             continue
-        if isinstance(out.message, str):
+        if out.text:
             message = dst.receive_text(out.message, now)
         else:
             message = dst.receive_binary(b"".join(bytes(memoryview(b)) for b in out.message), now)
@@ -518,6 +518,42 @@ def test_malformed_text_is_a_violation() -> None:
     assert _violation(s).code == "MALFORMED_MESSAGE"
 
 
+def test_text_travels_as_utf8_bytes_both_ways() -> None:
+    """A DATA message goes out as the envelope's UTF-8 bytes (written as a text frame as they are)
+    and the receiver takes the bytes it got: no str in between on either side."""
+    c, s = pair()
+    drain(s)
+    c.send("café ☕", 0.5, algorithm=Algorithm.NONE)
+    (out,) = c.data_to_send()
+    assert isinstance(out, SendMessage) and out.text and type(out.message) is bytes
+    assert "café ☕".encode() in out.message
+    message = s.receive_text(out.message, 1.0)
+    assert message is not None and message.text == "café ☕"
+    assert message.wire_bytes == message.original_bytes == len("café ☕".encode())
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"type":"DATA","session_id":"%s","payload":{"algorithm":"none","content":"\xe2\x82"},"timestamp":1}',
+        b'{"type":"DATA","session_id":"%s","payload":{"algorithm":"none","content":"ok"},"junk":"\xff"}',
+        b'{"type":"PING","session_id":"%s","payload":{"x":"\xc0\x80"},"timestamp":1}',
+    ],
+)
+def test_text_that_is_not_utf8_closes_malformed_with_1007(data: bytes) -> None:
+    c, s = pair()
+    drain(s)
+    assert s.receive_text(data % s.session_id.encode(), 1.0) is None
+    outs = s.data_to_send()
+    closed = [e for e in drain(s) if isinstance(e, Closed)]
+    assert s.state is State.CLOSED and closed[-1].code == "MALFORMED_MESSAGE"
+    close = json.loads(outs[0].message)  # type: ignore[union-attr]
+    assert (
+        close["payload"]["reason"] == "MALFORMED_MESSAGE" and "not valid UTF-8" in close["payload"]["message"]
+    )
+    assert outs[-1] == CloseTransport(1007, "MALFORMED_MESSAGE")
+
+
 def test_oversized_text_is_refused() -> None:
     s = SessionProtocol(Role.SERVER, cfg(limits=Limits(max_message_bytes=100)))
     s.initiate(0.0)
@@ -771,7 +807,7 @@ def test_second_hello_while_awaiting_a_verdict_is_a_violation() -> None:
     server = SessionProtocol(Role.SERVER, cfg(), admission=True)
     client.initiate(0.0)
     hello = client.data_to_send()[0]
-    assert isinstance(hello, SendMessage) and isinstance(hello.message, str)
+    assert isinstance(hello, SendMessage) and hello.text
     server.initiate(0.0)
     server.receive_text(hello.message, 0.0)
     server.receive_text(hello.message, 0.0)

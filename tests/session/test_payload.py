@@ -149,11 +149,11 @@ def test_an_algorithm_not_negotiated_is_refused() -> None:
 def test_the_envelope_is_held_to_max_payload_in_utf8_bytes() -> None:
     text = "é" * 100  # 100 characters, 200 bytes
     envelope, *_ = text_message(text, payload_limit=1000)
-    limit = len(envelope) + 10  # over the envelope's characters, under its bytes
-    assert len(envelope.encode()) > limit
+    limit = len(envelope.decode()) + 10  # over the envelope's characters, under its bytes
+    assert len(envelope) > limit
     with pytest.raises(LimitExceeded, match="DATA message is") as info:
         text_message(text, payload_limit=limit)
-    assert info.value.limit == limit and info.value.actual == len(envelope.encode())
+    assert info.value.limit == limit and info.value.actual == len(envelope)
 
 
 def test_decoded_text_is_held_to_max_output_bytes() -> None:
@@ -174,7 +174,7 @@ def test_zstd_text_form_round_trip() -> None:
     zmsg = zmessage(ours, text)
     assert zmsg is not None and zmsg.payload is not None and zmsg.inner == text.encode()  # not compressed yet
     envelope = ours.wire(zmsg)
-    assert isinstance(envelope, str) and zmsg.payload.content.startswith("#ZS|")
+    assert isinstance(envelope, bytes) and zmsg.payload.content.startswith("#ZS|")
     message = received(envelope, zstd=theirs)
     assert message.text == text and message.algorithm == "zstd"
 
@@ -267,7 +267,7 @@ def test_zstd_binary_round_trip_and_session_check() -> None:
     zmsg = zmessage(ours, text)
     assert zmsg is not None and zmsg.payload is None  # the binary form: envelope line + content
     out = ours.wire(zmsg)
-    assert not isinstance(out, str)
+    assert not isinstance(out, bytes)
     (frame,) = out
     message = binary(frame, zstd=theirs)
     assert isinstance(message, Message) and (message.text, message.algorithm) == (text, "zstd")
@@ -276,7 +276,7 @@ def test_zstd_binary_round_trip_and_session_check() -> None:
     zmsg = zmessage(ours, text)
     assert zmsg is not None
     out = ours.wire(zmsg)
-    assert not isinstance(out, str)
+    assert not isinstance(out, bytes)
     (frame,) = out
     violation = binary(frame, zstd=theirs, session_id="another")
     assert isinstance(violation, Violation) and violation.code is SessionCode.UNKNOWN_SESSION

@@ -19,7 +19,7 @@ def sent(p: SessionProtocol) -> tuple[list[dict[str, Any]], list[CloseTransport]
     for out in p.data_to_send():
         if isinstance(out, CloseTransport):
             closes.append(out)
-        elif isinstance(out, SendMessage) and isinstance(out.message, str):
+        elif isinstance(out, SendMessage) and out.text:
             texts.append(json.loads(out.message))
     return texts, closes
 
@@ -29,10 +29,10 @@ def handshake(client: SessionConfig, server: SessionConfig) -> tuple[SessionProt
     c.initiate(0.0)
     s.initiate(0.0)
     (hello,) = [o.message for o in c.data_to_send() if isinstance(o, SendMessage)]
-    assert isinstance(hello, str)
+    assert isinstance(hello, bytes)
     s.receive_text(hello, 0.0)
     for out in s.data_to_send():
-        assert isinstance(out, SendMessage) and isinstance(out.message, str)
+        assert isinstance(out, SendMessage) and out.text
         c.receive_text(out.message, 0.0)
     return c, s
 
@@ -78,7 +78,7 @@ def test_negotiation_reject_closes_with_1000() -> None:
     c.initiate(0.0)
     s.initiate(0.0)
     (hello,) = [o.message for o in c.data_to_send() if isinstance(o, SendMessage)]
-    assert isinstance(hello, str)
+    assert isinstance(hello, bytes)
     s.receive_text(hello, 0.0)
     (reject,), (close,) = sent(s)
     assert reject["payload"]["code"] == "NO_COMMON_ALGORITHM"

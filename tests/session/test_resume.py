@@ -50,7 +50,7 @@ def deliver(
     for out in src.data_to_send():
         if lose or not isinstance(out, SendMessage):
             continue
-        if isinstance(out.message, str):
+        if out.text:
             m = dst.receive_text(out.message, now)
         else:
             m = dst.receive_binary(b"".join(bytes(p) for p in out.message), now)

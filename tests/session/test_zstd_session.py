@@ -97,11 +97,7 @@ def test_text_form_when_the_peer_asks_for_it() -> None:
         sent_forms.append((sender, outs[0].binary))  # type: ignore[union-attr]
         for out in outs:
             assert isinstance(out, SendMessage)
-            m = (
-                dst.receive_text(out.message, 1.0)
-                if isinstance(out.message, str)
-                else dst.receive_binary(out.message[0], 1.0)
-            )  # type: ignore[arg-type]
+            m = dst.receive_text(out.message, 1.0) if out.text else dst.receive_binary(out.message[0], 1.0)  # type: ignore[arg-type]
             assert m is not None
             got.append(m)
     # The server sends text (the client asked for it); the client may send binary.
@@ -341,7 +337,7 @@ def test_zstd_frames_without_zstd_negotiated_are_violations() -> None:
     c2, s2 = pair(cfg(algorithms=(A.BROTLI, A.NONE)), cfg())
     c2.send("#ZS|AAAAAA==", 1.0, algorithm=A.BROTLI)
     out = c2.data_to_send()[0].message
-    assert isinstance(out, str)
+    assert isinstance(out, bytes)
     forged = json.loads(out)
     forged["payload"]["content"] = "#ZS|AAAAAA=="
     drain(s2)
@@ -441,7 +437,7 @@ def _multi_turn_wire(c: SessionProtocol, s: SessionProtocol) -> tuple[int, int, 
         src, dst = (c, s) if sender == "client" else (s, c)
         original += src.send(content, 1.0).original_bytes
         for out in src.data_to_send():
-            assert isinstance(out, SendMessage) and not isinstance(out.message, str)
+            assert isinstance(out, SendMessage) and not out.text
             frame = bytes(out.message[0])
             kinds.add(frame[0])
             wire += len(frame)
@@ -480,10 +476,10 @@ def test_an_older_peer_gets_todays_per_direction_contexts(old: str) -> None:
     c.initiate(0.0)
     s.initiate(0.0)
     hello = c.data_to_send()[0].message
-    assert isinstance(hello, str)
+    assert isinstance(hello, bytes)
     s.receive_text(_without_history(hello) if old == "client" else hello, 0.0)
     accept = s.data_to_send()[0].message
-    assert isinstance(accept, str)
+    assert isinstance(accept, bytes)
     if old == "server":
         accept = _without_history(accept)
     elif old == "client":

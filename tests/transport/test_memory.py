@@ -50,15 +50,15 @@ async def test_push_delivers_what_came_before_in_order_and_pause_stops_it() -> N
     a, b = pair()
     a.send_now("early")
     got: list[object] = []
-    b.start_push(got.append, got.append)
-    assert got == ["early"]  # synchronously, as the contract asks
+    b.start_push(lambda data, text: got.append((data, text)), got.append)
+    assert got == [(b"early", True)]  # synchronously, as the contract asks; text as UTF-8 bytes
     b.pause_reading()
     a.send_now(b"while paused")
     await asyncio.sleep(0)
-    assert got == ["early"] and b.buffered_bytes == len(b"while paused")
+    assert got == [(b"early", True)] and b.buffered_bytes == len(b"while paused")
     b.resume_reading()
     await asyncio.sleep(0)
-    assert got == ["early", b"while paused"]
+    assert got == [(b"early", True), (b"while paused", False)]
 
 
 async def test_an_oversized_message_fails_the_channel_with_1009_before_buffering() -> None:

@@ -248,7 +248,7 @@ async def test_send_now_writes_within_credit_and_pending_buffer_and_declines_oth
 
     async def handler(channel: NatsChannel) -> None:
         channel.pause_reading()  # hold everything: no credit is granted while paused
-        channel.start_push(received.append, lambda _err: None)
+        channel.start_push(lambda data, _text: received.append(data), lambda _err: None)
         server_channels.append(channel)
         paused.set()
         await asyncio.wait_for(finished.wait(), 30)

@@ -27,6 +27,7 @@ class Pushed:
         self.pause_after = pause_after
         self.channel: QuicChannel | None = None
         self.messages: list[Message] = []
+        self.texts: list[bool] = []  # each message's text flag
         self.lost: list[TransportError] = []
         self.ready = asyncio.Event()
         self.done = asyncio.Event()
@@ -34,8 +35,9 @@ class Pushed:
     async def __call__(self, channel: QuicChannel) -> None:
         self.channel = channel
 
-        def on_message(message: Message) -> None:
+        def on_message(message: Message, text: bool) -> None:
             self.messages.append(message)
+            self.texts.append(text)
             if self.pause_after and len(self.messages) >= self.pause_after:
                 channel.pause_reading()
 
@@ -121,7 +123,8 @@ async def test_an_orderly_end_follows_the_messages_but_a_reset_is_reported_at_on
         handler.pause_after = None
         server_ch.resume_reading()
         await until(lambda: bool(handler.lost))
-        assert handler.messages == ["a", "b", "c"]
+        # text arrives as its UTF-8 bytes and the text flag, as the session takes it
+        assert handler.messages == [b"a", b"b", b"c"] and handler.texts == [True] * 3
         assert len(handler.lost) == 1 and handler.lost[0].clean and handler.lost[0].code == 1000
         handler.done.set()
 
@@ -195,4 +198,5 @@ async def test_buffers_of_any_item_format_are_sent_as_their_bytes() -> None:
         await ch.send([memoryview(large), b"z"])
         await until(lambda: len(handler.messages) == 2)
         assert handler.messages == [b"ab" + small.tobytes(), large.tobytes() + b"z"]
+        assert handler.texts == [False, False]
         handler.done.set()

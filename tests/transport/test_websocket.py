@@ -434,3 +434,40 @@ async def test_a_flood_of_small_messages_keeps_the_default_read_size() -> None:
     assert count == len(messages)
     assert bulk_chunk == sys.maxsize  # a read did come back full ...
     assert max_size == 256 * 1024  # ... and the read size stayed asyncio's
+
+
+async def test_text_goes_out_and_comes_in_as_utf8_bytes_with_the_text_flag() -> None:
+    """The session's text is bytes both ways: send_now/send with text=True write the bytes as a
+    text frame as they are, and a text frame is pushed as its bytes with text=True (websockets'
+    asyncio layer, which would decode it, is not on the path)."""
+    from websockets.asyncio.server import serve as ws_serve
+
+    from m2mwire.errors import TransportError
+    from m2mwire.transport.websocket import connect_websocket
+
+    seen: list[str | bytes] = []
+
+    async def peer(ws: Any) -> None:
+        async for message in ws:
+            seen.append(message)
+            await ws.send(message)
+
+    got: list[tuple[bytes, bool]] = []
+    lost: list[TransportError] = []
+    async with ws_serve(peer, "127.0.0.1", 0, compression=None) as raw:
+        port = raw.sockets[0].getsockname()[1]
+        channel = await connect_websocket(f"ws://127.0.0.1:{port}", max_message_size=1 << 20)
+        try:
+            channel.start_push(lambda data, text: got.append((data, text)), lost.append)
+            assert channel.send_now("café".encode(), True)
+            await channel.send(memoryview("ü ☕".encode()), True)
+            await channel.send(b"\x00binary")
+            for _ in range(500):
+                if len(got) == 3:
+                    break
+                await asyncio.sleep(0.01)
+            assert seen == ["café", "ü ☕", b"\x00binary"]  # text frames, then a binary one
+            assert got == [("café".encode(), True), ("ü ☕".encode(), True), (b"\x00binary", False)]
+            assert all(type(data) is bytes for data, _ in got)
+        finally:
+            await channel.close()

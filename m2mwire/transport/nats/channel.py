@@ -21,7 +21,7 @@ from nats.errors import ConnectionClosedError, OutboundBufferLimitError
 from nats.errors import Error as NatsError
 
 from m2mwire.errors import TransportError
-from m2mwire.transport.base import Message, OutgoingMessage
+from m2mwire.transport.base import Message, OnMessage, OutgoingMessage
 from m2mwire.transport.nats import compat
 from m2mwire.transport.nats import frames as f
 from m2mwire.transport.nats.bus import Bus, release_bus
@@ -31,7 +31,6 @@ __all__ = ["NatsChannel"]
 
 log = logging.getLogger("m2mwire.nats")
 
-OnMessage = Callable[[Message], None]
 OnLost = Callable[[TransportError], None]
 
 _PULL_MAX = 16  # messages buffered for recv() (before start_push) before we stop taking more
@@ -66,7 +65,8 @@ class NatsChannel:
         self._receiver = Receiver(window)
         self._sender = Sender(0)
         self._chunk = 0
-        self._early: deque[Message] = deque()  # whole messages for recv(), before start_push
+        # whole messages (and whether each is text) for recv(), before start_push
+        self._early: deque[tuple[Message, bool]] = deque()
         self._held: deque[bytes | bytearray] = deque()  # in-order NATS messages not processed yet (paused)
         self._paused = False
         self._pull_full = False
@@ -111,7 +111,7 @@ class NatsChannel:
     def remote_address(self) -> str:
         return self._remote
 
-    def send_now(self, message: OutgoingMessage) -> bool:
+    def send_now(self, message: OutgoingMessage, text: bool = False) -> bool:
         """Publish ``message`` now as one NATS message, or return False having written nothing.
 
         True only where :meth:`send` would not wait: the peer is known, no send or resend is in
@@ -121,7 +121,7 @@ class NatsChannel:
         """
         if self.lost is not None or not self._out or self._resend or self._send_lock.locked():
             return False
-        view, whole, _ = _body(message)
+        view, whole, _ = _body(message, text)
         cost = _HEAD + view.nbytes + f.MESSAGE_COST
         sender = self._sender
         if view.nbytes > self._chunk or not sender.has_credit(cost):
@@ -135,10 +135,10 @@ class NatsChannel:
         sender.retain(seq, head, view)
         return True
 
-    async def send(self, message: OutgoingMessage) -> None:
+    async def send(self, message: OutgoingMessage, text: bool = False) -> None:
         if self.lost is not None:
             raise self.lost
-        view, whole, first = _body(message)
+        view, whole, first = _body(message, text)
         total = view.nbytes
         chunk = self._chunk
         async with self._send_lock:
@@ -151,17 +151,19 @@ class NatsChannel:
             for start in range(chunk, total, chunk):
                 await self._send_sequenced(f.CONT, view[start : start + chunk])
 
-    async def recv(self) -> Message:
+    async def recv(self) -> str | bytes:
+        """The next message, text decoded to ``str``: for a channel used without a session (the
+        session takes messages with start_push, as bytes and a text flag)."""
         while not self._early:
             if self.lost is not None:
                 raise self.lost
             self._waiter = self._loop.create_future()
             await self._waiter
-        message = self._early.popleft()
+        message, text = self._early.popleft()
         if self._pull_full and len(self._early) <= _PULL_MAX // 2:
             self._pull_full = False
             self._drain_held()
-        return message
+        return message.decode() if text else message
 
     async def close(self, code: int = 1000, reason: str = "") -> None:
         if self.lost is not None:
@@ -192,7 +194,7 @@ class NatsChannel:
 
     def start_push(self, on_message: OnMessage, on_lost: OnLost) -> None:
         while self._early:
-            on_message(self._early.popleft())
+            on_message(*self._early.popleft())
         self._on_message = on_message
         self._pull_full = False
         if self.lost is not None:
@@ -338,9 +340,6 @@ class NatsChannel:
         except (ValueError, IndexError) as exc:
             self._protocol_error(f"malformed NATS frame from the peer: {exc}")
             return
-        except UnicodeDecodeError as exc:
-            self._protocol_error(f"invalid UTF-8 in a text message at position {exc.start}", code=1007)
-            return
         limit = self._receiver.consume(size + f.MESSAGE_COST)
         if limit is not None and self._out and self.lost is None:
             self._bus.publish_soon(self._out, f.pack_credit(self._receiver.last_in_order, limit))
@@ -356,12 +355,13 @@ class NatsChannel:
         self._deliver(parts, self._parts_text)
 
     def _deliver(self, body: memoryview | bytearray, text: bool) -> None:
-        # One copy: decoded straight from the NATS payload or the reassembled chunks.
-        message: Message = str(body, "utf-8") if text else bytes(body)
+        # One copy, straight from the NATS payload or the reassembled chunks; a text message stays
+        # bytes too: the session validates its UTF-8 as it parses it.
+        message = bytes(body)
         if self._on_message is not None:
-            self._on_message(message)
+            self._on_message(message, text)
             return
-        self._early.append(message)
+        self._early.append((message, text))
         if len(self._early) >= _PULL_MAX:
             self._pull_full = True
         if self._waiter is not None and not self._waiter.done():
@@ -496,21 +496,23 @@ class NatsChannel:
             del self._bus.routes[self.in_subject]
 
 
-def _body(message: OutgoingMessage) -> tuple[memoryview, int, int]:
+def _body(message: OutgoingMessage, text: bool) -> tuple[memoryview, int, int]:
     """The bytes of ``message`` and its frame kinds (whole message, first chunk)."""
     if isinstance(message, str):
         body: bytes | bytearray | memoryview = message.encode()
-        whole, first = f.TEXT, f.TEXT_FIRST
+        text = True
+    elif isinstance(message, bytes | bytearray | memoryview):
+        body = message
     else:
-        if isinstance(message, bytes | bytearray | memoryview):
-            body = message
-        else:
-            body = message[0] if len(message) == 1 else b"".join(message)
-        whole, first = f.BINARY, f.BINARY_FIRST
+        body = message[0] if len(message) == 1 else b"".join(message)
     view = memoryview(body).cast("B")
     # The view is queued and retained by reference until acknowledged (see compat.publish_now):
     # a buffer the caller may change later is copied once here.
-    return (view if view.readonly else memoryview(view.tobytes())), whole, first
+    if not view.readonly:
+        view = memoryview(view.tobytes())
+    if text:
+        return view, f.TEXT, f.TEXT_FIRST
+    return view, f.BINARY, f.BINARY_FIRST
 
 
 _tasks: set[asyncio.Task[None]] = set()

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Protocol, cast
 
 from m2mwire.errors import EncodeError, TransportError
-from m2mwire.transport.base import Buffer, Message, OutgoingMessage
+from m2mwire.transport.base import Buffer, OnMessage, OutgoingMessage
 from m2mwire.transport.framing import (
     HEADER_SIZE,
     KIND_BINARY,
@@ -40,7 +40,6 @@ if TYPE_CHECKING:
 
 __all__ = ["ChannelStats", "Link", "QuicChannel"]
 
-OnMessage = Callable[[Message], None]
 OnLost = Callable[[TransportError], None]
 
 # Messages up to this size are joined with their header into one write (one copy is cheaper
@@ -118,13 +117,14 @@ def _byte_view(buffer: Buffer) -> memoryview:
     return view
 
 
-def _frame(message: OutgoingMessage) -> tuple[int, list[Buffer]]:
+def _frame(message: OutgoingMessage, text: bool = False) -> tuple[int, list[Buffer]]:
     """One message as the buffers of its frame, and their total size."""
-    if type(message) is bytes:  # the common binary case, without a view
+    if type(message) is bytes:  # the common case (the session's text and binary), without a view
         length = len(message)
+        kind = KIND_TEXT if text else KIND_BINARY
         if length <= _JOIN_LIMIT:
-            return HEADER_SIZE + length, [encode_header(KIND_BINARY, length) + message]
-        return HEADER_SIZE + length, [encode_header(KIND_BINARY, length), message]
+            return HEADER_SIZE + length, [encode_header(kind, length) + message]
+        return HEADER_SIZE + length, [encode_header(kind, length), message]
     if type(message) is not tuple:  # a tuple: a binary message as parts (the session's AVP frames)
         if isinstance(message, str):
             try:
@@ -144,7 +144,7 @@ def _frame(message: OutgoingMessage) -> tuple[int, list[Buffer]]:
     for part in message:  # bounded by the parts
         # A view's size in bytes is nbytes; bytes and bytearray (the other Buffers) count bytes.
         length += part.nbytes if type(part) is memoryview else len(part)
-    header = encode_header(KIND_BINARY, length)
+    header = encode_header(KIND_TEXT if text else KIND_BINARY, length)
     if length <= _JOIN_LIMIT:
         # bytes.join copies any contiguous buffer whole, whatever its item format: no views needed.
         return HEADER_SIZE + length, [b"".join((header, *message))]
@@ -237,7 +237,7 @@ class QuicChannel:
         """Bytes received and not yet consumed (a message being received excluded, unless paused)."""
         return self._held
 
-    async def send(self, message: OutgoingMessage) -> None:
+    async def send(self, message: OutgoingMessage, text: bool = False) -> None:
         """Send one message; waits while the stream's unacknowledged bytes are over the watermark.
 
         Cancellation-safe: a message is written whole or, when cancelled after part of it was
@@ -245,7 +245,7 @@ class QuicChannel:
         failure = self._send_failure
         if failure is not None:
             raise failure.error()
-        n, parts = _frame(message)
+        n, parts = _frame(message, text)
         if self._send_users == 0 and self._fits(n):
             # Fast path: nobody queued before us and the watermarks leave room for the whole frame.
             for part in parts:
@@ -262,7 +262,7 @@ class QuicChannel:
         finally:
             self._send_users -= 1
 
-    def send_now(self, message: OutgoingMessage) -> bool:
+    def send_now(self, message: OutgoingMessage, text: bool = False) -> bool:
         """Write the whole message now and return True, or write nothing and return False.
 
         False when ``send()`` would wait (a send() in progress, the watermarks, enough written this
@@ -275,7 +275,7 @@ class QuicChannel:
         ):
             return False
         try:
-            n, parts = _frame(message)
+            n, parts = _frame(message, text)
         except EncodeError:
             return False  # send() raises it
         if not self._fits(n):
@@ -285,8 +285,10 @@ class QuicChannel:
         self.stats.messages_sent += 1
         return True
 
-    async def recv(self) -> Message:
-        """The next message; once none is left, raises TransportError saying how the channel ended."""
+    async def recv(self) -> str | bytes:
+        """The next message (text decoded to ``str``: for a channel used without a session, which
+        takes messages with start_push, as bytes and a text flag); once none is left, raises
+        TransportError saying how the channel ended."""
         if self._on_message is not None:
             raise RuntimeError("recv() after start_push(): messages go to the push callback")
         deframer = self._deframer
@@ -501,19 +503,19 @@ class QuicChannel:
                 if on_message is None:
                     break
                 try:
-                    message = deframer.next_message()
+                    frame = deframer.next_frame()  # text as its UTF-8 bytes: the session validates
                 except FramingError as exc:
                     self._framing_failed(exc)
                     break
-                if message is None:
+                if frame is None:
                     if deframer.finished and self._recv_failure is None:
                         self._recv_failure = self._peer_closed()
                     break
-                if isinstance(message, CloseFrame):  # narrows without typing.cast's call per message
-                    self._peer_close = message  # the FIN that must follow ends the channel
+                if isinstance(frame, CloseFrame):  # narrows without typing.cast's call per message
+                    self._peer_close = frame  # the FIN that must follow ends the channel
                     continue
                 stats.messages_received += 1
-                on_message(message)
+                on_message(*frame)
         finally:
             self._pumping = False
         self._account()
