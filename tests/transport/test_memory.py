@@ -64,7 +64,7 @@ async def test_push_delivers_what_came_before_in_order_and_pause_stops_it() -> N
 async def test_an_oversized_message_fails_the_channel_with_1009_before_buffering() -> None:
     a, b = pair(max_message_size=8)
     lost: list[TransportError] = []
-    b.start_push(lambda _m: None, lost.append)
+    b.start_push(lambda _m, _t: None, lost.append)
     await a.send(b"123456789")
     assert b.buffered_bytes == 0
     assert len(lost) == 1 and lost[0].code == 1009 and not lost[0].clean
@@ -83,7 +83,7 @@ async def test_close_is_answered_with_the_same_code_after_what_was_sent() -> Non
     with pytest.raises(TransportError):
         await b.send("too late")
     b_lost: list[TransportError] = []
-    a.start_push(lambda _m: None, b_lost.append)  # a reads b's answer
+    a.start_push(lambda _m, _t: None, b_lost.append)  # a reads b's answer
     await asyncio.wait_for(closing, 1)
     assert a.lost is not None and (a.lost.code, a.lost.clean) == (4000, True)
 

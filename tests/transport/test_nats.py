@@ -316,7 +316,7 @@ async def test_a_buffer_changed_after_sending_arrives_as_it_was_sent(nats_server
     started, finished = asyncio.Event(), asyncio.Event()
 
     async def handler(channel: NatsChannel) -> None:
-        channel.start_push(received.append, lambda _err: None)
+        channel.start_push(lambda data, _text: received.append(data), lambda _err: None)
         started.set()
         await asyncio.wait_for(finished.wait(), 30)
 
