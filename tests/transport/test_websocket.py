@@ -471,3 +471,67 @@ async def test_text_goes_out_and_comes_in_as_utf8_bytes_with_the_text_flag() -> 
             assert all(type(data) is bytes for data, _ in got)
         finally:
             await channel.close()
+
+
+async def test_an_answer_goes_out_at_once_and_schedules_no_end_of_turn_callback() -> None:
+    """Request and answer: the first write after input arrived is written before send_now returns
+    and schedules nothing (the end-of-turn callback cost a call_soon and a loop iteration per
+    message on each side); a write held back in the same turn still goes out when the turn ends."""
+    from websockets.asyncio.server import serve as ws_serve
+
+    from m2mwire.transport.websocket import connect_websocket
+
+    async def peer(ws: Any) -> None:
+        async for message in ws:
+            await ws.send(message)
+
+    got: list[bytes] = []
+    async with ws_serve(peer, "127.0.0.1", 0, compression=None) as raw:
+        port = raw.sockets[0].getsockname()[1]
+        channel = await connect_websocket(f"ws://127.0.0.1:{port}", max_message_size=1 << 20)
+        try:
+            channel.start_push(lambda data, _text: got.append(data), lambda _err: None)
+            loop = asyncio.get_running_loop()
+            transport = channel._ws.transport
+            writes = end_turns = 0
+            real_write, real_call_soon = transport.write, loop.call_soon
+
+            def counting_write(data: Any) -> None:
+                nonlocal writes
+                writes += 1
+                real_write(data)
+
+            def counting_call_soon(callback: Any, *args: Any, **kwargs: Any) -> Any:
+                nonlocal end_turns
+                end_turns += getattr(callback, "__name__", "") == "_m2m_end_turn"
+                return real_call_soon(callback, *args, **kwargs)
+
+            async def answered(count: int) -> None:
+                for _ in range(500):
+                    if len(got) >= count:
+                        return
+                    await asyncio.sleep(0.01)
+                raise AssertionError("no echo")
+
+            transport.write = counting_write
+            loop.call_soon = counting_call_soon  # type: ignore[method-assign]
+            try:
+                assert channel.send_now("request 0")
+                await answered(1)
+                for i in range(1, 6):  # each request follows the previous answer's arrival
+                    before = writes
+                    assert channel.send_now(f"request {i}")
+                    assert writes == before + 1  # at once
+                    await answered(i + 1)
+                assert end_turns == 0
+                before = writes
+                assert channel.send_now("first") and channel.send_now("second")  # no input between
+                assert writes == before + 1 and end_turns == 1  # the second waits for the turn's end
+                await asyncio.sleep(0)
+                assert writes == before + 2
+                await answered(8)
+            finally:
+                del loop.call_soon
+        finally:
+            await channel.close()
+    assert got[-2:] == [b"first", b"second"]
