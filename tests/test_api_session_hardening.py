@@ -129,11 +129,15 @@ async def test_a_cancelled_send_is_still_sent_without_a_later_send(scheme: str) 
 
 async def test_sends_cut_short_by_timeouts_all_arrive_in_order(scheme: str) -> None:
     got: list[str] = []
+    release = asyncio.Event()
 
     async def collect(session: Session) -> None:
+        # The reader starts only once every send was tried: a reader that merely reads slowly
+        # raced a sender slowed down by load (QUIC encrypts 400 KB in ~6 ms on a busy machine),
+        # and then no send had to wait and the test cut none.
+        await release.wait()
         async for message in session:
             got.append((message.text or "")[:4])
-            await asyncio.sleep(0.005)  # a slow reader: the client's sends wait
 
     async with running(collect, scheme, max_queue=1) as server:
         async with connect(server.url, **client_opts(server)) as client:
@@ -145,6 +149,7 @@ async def test_sends_cut_short_by_timeouts_all_arrive_in_order(scheme: str) -> N
                     await asyncio.wait_for(client.send(f"{i:04d}" + "y" * 400_000, algorithm="none"), 0.001)
                 except TimeoutError:
                     cut += 1
+            release.set()
             await client.send("done", algorithm="none")
             assert cut > 0  # the test did cancel sends in flight
             async with asyncio.timeout(10):
