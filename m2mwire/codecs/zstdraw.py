@@ -33,7 +33,16 @@ from m2mwire.codecs.limits import check_size
 if TYPE_CHECKING:
     import zstandard
 
-__all__ = ["OUTPUT_CHUNK", "RawCompressor", "RawDecompressor", "RawError", "raw_available"]
+__all__ = [
+    "OUTPUT_CHUNK",
+    "REQUIRED",
+    "VERIFIED_MINOR",
+    "RawCompressor",
+    "RawDecompressor",
+    "RawError",
+    "binding_supported",
+    "raw_available",
+]
 
 #: Decompressed output is gathered in pieces of this size: a message is refused at most this far
 #: past its limit (the general path's bound, OUTPUT_SLACK + one block, is larger).
@@ -49,13 +58,42 @@ _lib: Any = None
 _new_buffer: Any = None
 
 
+#: ``backend_cffi.lib`` is an internal of python-zstandard, read against and tested with this
+#: minor version only. Another version falls back to the objects (the general path, always
+#: correct) instead of failing: nothing is lost but the speed of restarted frames.
+VERIFIED_MINOR: Final = (0, 25)
+#: Every libzstd name this module calls; a binding lacking one is not used.
+REQUIRED: Final = (
+    "ZSTD_createCCtx", "ZSTD_freeCCtx", "ZSTD_CCtx_setParameter", "ZSTD_CCtx_reset",
+    "ZSTD_CCtx_refPrefix", "ZSTD_compressStream2_simpleArgs", "ZSTD_sizeof_CCtx",
+    "ZSTD_createDCtx", "ZSTD_freeDCtx", "ZSTD_DCtx_setParameter", "ZSTD_DCtx_reset",
+    "ZSTD_DCtx_refPrefix", "ZSTD_decompressStream_simpleArgs", "ZSTD_sizeof_DCtx",
+    "ZSTD_isError", "ZSTD_getErrorName", "ZSTD_reset_session_only", "ZSTD_e_flush",
+    "ZSTD_d_windowLogMax", "ZSTD_c_windowLog", "ZSTD_c_hashLog", "ZSTD_c_chainLog",
+    "ZSTD_c_searchLog", "ZSTD_c_minMatch", "ZSTD_c_targetLength", "ZSTD_c_strategy",
+    "ZSTD_c_contentSizeFlag", "ZSTD_c_checksumFlag", "ZSTD_c_dictIDFlag",
+)  # fmt: skip
+
+
+def binding_supported(version: str, lib: object) -> bool:
+    """Whether python-zstandard ``version``'s cffi ``lib`` is one this module was verified with."""
+    try:
+        minor = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return False
+    return minor == VERIFIED_MINOR and all(hasattr(lib, name) for name in REQUIRED)
+
+
 @functools.cache
 def raw_available() -> bool:
     """Whether the raw contexts can be used here (loads the binding; else the objects are used)."""
     global _ffi, _lib, _new_buffer
     try:
+        zstandard = importlib.import_module("zstandard")
         binding = importlib.import_module("zstandard.backend_cffi")
     except ImportError:  # pragma: no cover - python-zstandard built without its cffi module
+        return False
+    if not binding_supported(zstandard.__version__, binding.lib):
         return False
     _ffi, _lib = binding.ffi, binding.lib
     # Output buffers are filled by libzstd before they are read: no need to zero them first.

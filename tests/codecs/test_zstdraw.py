@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from m2mwire.codecs.zstdcontext import ContextCompressor, ContextDecompressor, train_dictionary
-from m2mwire.codecs.zstdraw import OUTPUT_CHUNK, raw_available
+from m2mwire.codecs.zstdraw import OUTPUT_CHUNK, REQUIRED, binding_supported, raw_available
 from m2mwire.errors import DecodeError, LimitExceeded
 
 pytestmark = pytest.mark.skipif(not raw_available(), reason="python-zstandard without its cffi module")
@@ -123,3 +123,24 @@ def test_raw_errors_are_decode_errors_naming_zstd() -> None:
     payload[6] ^= 0xFF  # inside the frame header
     with pytest.raises(DecodeError, match="corrupt zstd context message #1"):
         dc.decompress(bytes(payload), 1 << 20)
+
+
+def test_only_the_verified_python_zstandard_binding_is_used() -> None:
+    """The cffi ``lib`` is python-zstandard's internal: another minor version, or a binding that
+    lacks a name this module calls, falls back to the objects instead of failing later."""
+    import zstandard
+    from zstandard import backend_cffi
+
+    assert binding_supported(zstandard.__version__, backend_cffi.lib)  # what this suite runs on
+    assert not binding_supported("0.26.0", backend_cffi.lib)
+    assert not binding_supported("0.24.1", backend_cffi.lib)
+    assert not binding_supported("dev", backend_cffi.lib)
+
+    class Lacking:
+        pass
+
+    for name in REQUIRED:
+        setattr(Lacking, name, 0)
+    assert binding_supported(zstandard.__version__, Lacking)
+    delattr(Lacking, "ZSTD_CCtx_refPrefix")
+    assert not binding_supported(zstandard.__version__, Lacking)
