@@ -371,14 +371,15 @@ async def test_bad_first_message_gets_reject_then_close(scheme: str, first: str,
             assert (await good.recv()).text == "unaffected"
 
 
-def _raw_hello() -> str:
+def raw_hello(version: str = "3.0", agent_id: str = "raw") -> str:
+    """A minimal HELLO as a hand-written peer would send it."""
     return json.dumps(
         {
             "type": "HELLO",
             "payload": {
-                "version": "3.0",
-                "agent_id": "raw",
-                "agent_type": "raw",
+                "version": version,
+                "agent_id": agent_id,
+                "agent_type": agent_id,
                 "compression": {
                     "algorithms": ["none"],
                     "max_payload": 0,
@@ -411,7 +412,7 @@ async def test_a_text_message_that_is_not_utf8_is_refused_on_every_transport(sch
     async with running(echo, scheme) as server:
         async with connect(server.url, **client_opts(server)) as good:
             channel = await _raw_channel(server, scheme)
-            await channel.send(_raw_hello())
+            await channel.send(raw_hello())
             accept = json.loads(await asyncio.wait_for(channel.recv(), 10))
             assert accept["type"] == "ACCEPT"
             await channel.send(bad % accept["session_id"].encode(), True)  # bytes sent as a text message
@@ -428,23 +429,7 @@ async def test_a_text_message_that_is_not_utf8_is_refused_on_every_transport(sch
 async def test_version_mismatch_over_the_wire(scheme: str) -> None:
     async with running(echo, scheme) as server:
         channel = await _raw_channel(server, scheme)
-        hello = {
-            "type": "HELLO",
-            "payload": {
-                "version": "2.0",
-                "agent_id": "old",
-                "agent_type": "old",
-                "compression": {
-                    "algorithms": ["none"],
-                    "max_payload": 0,
-                    "streaming": False,
-                    "ml_routing": False,
-                },
-                "security": {"threat_detection": False, "blocking_mode": False, "block_threshold": 0.8},
-            },
-            "timestamp": 1,
-        }
-        await channel.send(json.dumps(hello))
+        await channel.send(raw_hello(version="2.0", agent_id="old"))
         reply = json.loads(await asyncio.wait_for(channel.recv(), 10))
         assert reply["payload"]["code"] == "VERSION_MISMATCH"
         await channel.close()

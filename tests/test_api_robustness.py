@@ -19,25 +19,9 @@ from m2mwire.codecs import Encoding, clear_tokenizer_cache, register_tokenizer_f
 from m2mwire.errors import ProtocolError, SessionTimeout
 from m2mwire.session.config import SessionConfig
 from m2mwire.session.core import Closed, Role, SessionProtocol
+from tests.test_api import raw_hello
 
-HELLO = json.dumps(
-    {
-        "type": "HELLO",
-        "payload": {
-            "version": "3.0",
-            "agent_id": "raw",
-            "agent_type": "raw",
-            "compression": {
-                "algorithms": ["none"],
-                "max_payload": 0,
-                "streaming": False,
-                "ml_routing": False,
-            },
-            "security": {"threat_detection": False, "blocking_mode": False, "block_threshold": 0.8},
-        },
-        "timestamp": 1,
-    }
-)
+HELLO = raw_hello()
 
 
 async def test_peer_that_stops_reading_cannot_wedge_the_server() -> None:
