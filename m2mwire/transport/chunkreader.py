@@ -47,6 +47,7 @@ class ChunkReader(StreamReader):
         self._bulk_chunk = bulk_chunk if on_bulk is not None else sys.maxsize
         self._bulk_read = bulk_read if on_bulk is not None else sys.maxsize
         self._on_bulk = on_bulk
+        self.waiting_for_frame = False  # the parser waits in at_eof() with nothing buffered
 
     def _bulk_seen(self) -> None:
         if self._bulk_chunk == self._bulk_read == sys.maxsize and self._on_bulk is not None:
@@ -74,7 +75,11 @@ class ChunkReader(StreamReader):
                 return False
             if self.eof:
                 return True
+            # websockets' parser asks this between frames only: while it waits here, the next
+            # byte fed starts a frame (the transport's frame fast path relies on it).
+            self.waiting_for_frame = True
             yield
+            self.waiting_for_frame = False
 
     def read_exact(  # type: ignore[override]
         self, n: int

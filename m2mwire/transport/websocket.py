@@ -143,7 +143,7 @@ class _PushMixin(compat.DataFrameHook, compat.QuietAfterAbort):
         # Input arrived: what is written in answer goes out at once (see m2m_write_soon).
         self._m2m_turn_marked = False
         if not self.m2m_writing_paused:
-            super().data_received(data)  # type: ignore[misc]
+            super().data_received(data)
             return
         # The peer does not read what we write. websockets answers PINGs (and a close) on its
         # own, straight into the write buffer, so a peer flooding PINGs would make that buffer
@@ -155,7 +155,7 @@ class _PushMixin(compat.DataFrameHook, compat.QuietAfterAbort):
         # replies to one read.
         transport = self.transport
         before = transport.get_write_buffer_size()
-        super().data_received(data)  # type: ignore[misc]
+        super().data_received(data)
         self._m2m_reply_backlog += transport.get_write_buffer_size() - before
         if self._m2m_reply_backlog > _MAX_REPLY_BACKLOG and not self._m2m_replies_paused:
             self._m2m_replies_paused = True
@@ -255,11 +255,14 @@ class _PushMixin(compat.DataFrameHook, compat.QuietAfterAbort):
             data, is_text = event.data, opcode is _TEXT
         # Text too stays bytes (the session validates the UTF-8 as it parses): the same object
         # when it is bytes already (a server's unmasked payload), one copy of a view otherwise.
-        message = bytes(data)
+        self.m2m_deliver(bytes(data), is_text)
+
+    def m2m_deliver(self, message: bytes, text: bool) -> None:
+        # Also called straight from compat.DataFrameHook.data_received for whole frames.
         if self.m2m_on_message is not None:
-            self.m2m_on_message(message, is_text)
+            self.m2m_on_message(message, text)
         else:
-            self.m2m_early.append((message, is_text))
+            self.m2m_early.append((message, text))
             if self.m2m_waiter is not None and not self.m2m_waiter.done():
                 self.m2m_waiter.set_result(None)
 
@@ -352,10 +355,8 @@ class WebSocketChannel:
                 message = b"".join(message)  # one frame beats several for small messages
             else:
                 return False  # fragments: send()'s job
-        if text:
-            protocol.send_text(message)  # a text message's UTF-8 as it is: no decode, no re-encode
-        else:
-            protocol.send_binary(message)
+        # A text message's UTF-8 as it is: no decode, no re-encode.
+        compat.send_data_frame(protocol, message, text)
         ws.m2m_write_soon(len(message) if type(message) is bytes else memoryview(message).nbytes)
         return True
 
