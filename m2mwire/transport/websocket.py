@@ -41,7 +41,7 @@ from websockets.protocol import State
 
 from m2mwire.errors import TransportError
 from m2mwire.transport import websockets_compat as compat
-from m2mwire.transport.base import Message, OnMessage, OutgoingMessage
+from m2mwire.transport.base import Buffer, Message, OnMessage, OutgoingMessage
 from m2mwire.transport.chunkreader import ChunkReader
 
 __all__ = ["WebSocketChannel", "connect_websocket", "serve_websocket"]
@@ -59,6 +59,22 @@ _BULK_READ = 1024 * 1024
 # Binary messages handed over in parts are joined below this size (a copy is cheaper than a frame,
 # a mask and a syscall per part); larger ones go out as fragments of one message.
 _JOIN_BELOW = 256 * 1024
+
+
+def _one_frame(message: OutgoingMessage, text: bool) -> tuple[Buffer | list[Buffer], bool]:
+    """``message`` as one frame's payload, or as a list of fragments (a large message in parts:
+    no concatenation), with its text flag (a ``str`` is text, sent as its UTF-8)."""
+    if isinstance(message, str):
+        return message.encode(), True
+    if isinstance(message, bytes | bytearray | memoryview):
+        return message, text
+    if len(message) == 1:
+        return message[0], text
+    if sum(memoryview(part).nbytes for part in message) <= _JOIN_BELOW:
+        return b"".join(message), text  # one frame beats several for small messages
+    return list(message), text
+
+
 # Frames written without the loop turning in between go out together once this many bytes wait
 # (see m2m_write_soon): large enough that a syscall per batch is cheap, small next to the socket's
 # buffers, so a batch still leaves at once.
@@ -346,32 +362,18 @@ class WebSocketChannel:
         protocol = ws.protocol
         if ws.m2m_writing_paused or protocol.state is not _OPEN:
             return False
-        if isinstance(message, str):
-            message, text = message.encode(), True
-        elif not isinstance(message, bytes | bytearray | memoryview):
-            if len(message) == 1:
-                message = message[0]
-            elif sum(memoryview(part).nbytes for part in message) <= _JOIN_BELOW:
-                message = b"".join(message)  # one frame beats several for small messages
-            else:
-                return False  # fragments: send()'s job
+        frame, text = _one_frame(message, text)
+        if isinstance(frame, list):
+            return False  # fragments: send()'s job
         # A text message's UTF-8 as it is: no decode, no re-encode.
-        compat.send_data_frame(protocol, message, text)
-        ws.m2m_write_soon(len(message) if type(message) is bytes else memoryview(message).nbytes)
+        compat.send_data_frame(protocol, frame, text)
+        ws.m2m_write_soon(len(frame) if type(frame) is bytes else memoryview(frame).nbytes)
         return True
 
     async def send(self, message: OutgoingMessage, text: bool = False) -> None:
-        if isinstance(message, str):
-            message, text = message.encode(), True
-        elif not isinstance(message, bytes | bytearray | memoryview):
-            if len(message) == 1:
-                message = message[0]
-            elif sum(memoryview(part).nbytes for part in message) <= _JOIN_BELOW:
-                message = b"".join(message)  # one frame beats several for small messages
-            else:
-                message = list(message)  # fragments of one message, no concatenation
+        frame, text = _one_frame(message, text)
         try:
-            await self._ws.send(message, text=text)  # bytes with text=True: a text frame
+            await self._ws.send(frame, text=text)  # bytes with text=True: a text frame
         except ConnectionClosed as exc:
             raise _closed(exc) from exc
 
