@@ -19,6 +19,7 @@ Every layer raises these, so this module is the bottom one: it imports nothing f
     +-- SessionTimeout         a session timer expired (handshake, PONG, CLOSE, idle)
     +-- ModeError              e.g. an AVP frame sent on a session negotiated to JSON mode
     +-- TransportError         the underlying WebSocket/QUIC connection failed
+    |   +-- ResumeImpossible   the server that held a session is gone: reconnecting cannot resume it
     +-- Reject                 raised by a server's on_hello check to refuse a client
     +-- UnsupportedDependency  an installed library (websockets, ...) is a version m2mwire was not
                                verified against (also an ImportError)
@@ -36,6 +37,7 @@ __all__ = [
     "ModeError",
     "ProtocolError",
     "Reject",
+    "ResumeImpossible",
     "SessionClosed",
     "SessionRejected",
     "SessionTimeout",
@@ -133,6 +135,14 @@ class TransportError(M2MError):
         self.code = code
         self.reason = reason
         self.clean = clean
+
+
+class ResumeImpossible(TransportError):
+    """A transport established, while reconnecting, that the server holding the session is gone
+    for good (e.g. the NATS worker process that held it ended: nothing listens on its subject any
+    more), so no connection can resume the session. The reconnecting client stops at once and the
+    session ends with ``SessionClosed(code="RESUME_UNKNOWN")`` carrying this message, rather than
+    retrying until ``max_elapsed``."""
 
 
 # The REJECT codes a peer understands: the reference implementation's RejectionCode enum (a Rust

@@ -1121,12 +1121,13 @@ class SessionProtocol:
         if self._live and self.state is _ESTABLISHED and self._pong_deadline is None:
             self._ping(now)
 
-    def give_up(self, message: str) -> None:
-        """Client: reconnecting failed for good; end the session with RECONNECT_GAVE_UP."""
+    def give_up(self, message: str, code: str = SessionCode.RECONNECT_GAVE_UP) -> None:
+        """Client: reconnecting failed for good; end the session with ``code`` (RECONNECT_GAVE_UP
+        after max_elapsed; RESUME_UNKNOWN when the transport found the server gone)."""
         if not self.detached:
             return
-        err = SessionClosed(f"connection lost and not resumed: {message}", code=SessionCode.RECONNECT_GAVE_UP)
-        self._finish(Closed(SessionCode.RECONNECT_GAVE_UP, message, by_peer=False, error=err), None)
+        err = SessionClosed(f"connection lost and not resumed: {message}", code=code, reason=message)
+        self._finish(Closed(code, message, by_peer=False, error=err), None)
 
     def _on_resume_accept(self, sid: str | None, payload: Any, now: float) -> None:
         assert isinstance(payload, Capabilities)

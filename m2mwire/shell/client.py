@@ -22,10 +22,12 @@ if TYPE_CHECKING:
 __all__ = ["connect", "open_quic_connection"]
 
 
-async def _open_channel(endpoint: Endpoint, config: SessionConfig, options: dict[str, Any]) -> Channel:
+async def _open_channel(
+    endpoint: Endpoint, config: SessionConfig, options: dict[str, Any], resume_route: str | None = None
+) -> Channel:
     # Only control messages (ACCEPT, REJECT) until the session is established; the Session then
     # raises the limit to the negotiated max_payload.
-    transport = TransportConfig(CONTROL_MESSAGE_LIMIT, options, token=config.token)
+    transport = TransportConfig(CONTROL_MESSAGE_LIMIT, options, token=config.token, resume_route=resume_route)
     return await registry.open_channel(endpoint, transport)
 
 
@@ -71,8 +73,8 @@ class connect:
             self._config = dataclasses.replace(self._config, resume=True)
         self._session: Session | None = None
 
-    def _new_channel(self) -> Awaitable[Channel]:
-        return _open_channel(self._endpoint, self._config, self._topts)
+    def _new_channel(self, resume_route: str | None = None) -> Awaitable[Channel]:
+        return _open_channel(self._endpoint, self._config, self._topts, resume_route)
 
     async def _resume_channel(self) -> Channel:
         """A channel to resume on. A shared QUIC ``connection=`` that was lost is first replaced

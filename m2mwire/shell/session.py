@@ -26,11 +26,13 @@ from m2mwire.correlation import Correlator
 from m2mwire.errors import (
     EncodeError,
     M2MError,
+    ResumeImpossible,
     SessionClosed,
     SessionTimeout,
     TransportError,
 )
 from m2mwire.reconnect import Reconnect
+from m2mwire.schemas.codes import SessionCode
 from m2mwire.session.config import transport_limit
 from m2mwire.session.core import (
     AVP_MORE_KEY,
@@ -55,7 +57,7 @@ from m2mwire.session.core import (
     queued_cost,
 )
 from m2mwire.shell.sessionlog import log, log_closed, log_opened
-from m2mwire.transport.base import Buffer, Channel
+from m2mwire.transport.base import Buffer, Channel, RoutedChannel
 
 if TYPE_CHECKING:
     import numpy as np  # numpy, protobuf: imported when a tensor or frame is sent, not for text
@@ -133,7 +135,7 @@ class Session:
         # with _reopen; a server's fresh connection asks _resumer to move it to the session it
         # resumes. send() waits in _space_waiters while the retention buffer is full.
         self._reconnect: Reconnect | None = None
-        self._reopen: Callable[[], Awaitable[Channel]] | None = None
+        self._reopen: Callable[[str | None], Awaitable[Channel]] | None = None
         self._reconnecting: asyncio.Task[None] | None = None
         self._resumer: Callable[[ResumeRequested], None] | None = None
         self._handed_over = False
@@ -623,11 +625,20 @@ class Session:
         give_up_at = loop.time() + policy.max_elapsed
         delays = policy.delays()
         attempts = 0
+        # Where the server holding this session is (transports whose URL names a pool, not one
+        # server: see RoutedChannel); every channel since the first reached that same server.
+        old = self._channel
+        route = old.resume_route if isinstance(old, RoutedChannel) else None
         while protocol.detached:
             attempts += 1
             try:
                 async with asyncio.timeout(max(0.0, give_up_at - loop.time())):
-                    channel = await reopen()
+                    channel = await reopen(route)
+            except ResumeImpossible as exc:
+                # The server that held the session is gone: no later attempt can resume it.
+                protocol.give_up(str(exc), SessionCode.RESUME_UNKNOWN)
+                self._after_protocol_step()
+                return
             except (OSError, M2MError, TimeoutError) as exc:
                 log.info("session %s: reconnect attempt %d failed: %s", protocol.session_id, attempts, exc)
             else:

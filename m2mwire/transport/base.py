@@ -27,6 +27,7 @@ __all__ = [
     "OnMessage",
     "OutgoingMessage",
     "PushChannel",
+    "RoutedChannel",
     "TransportConfig",
 ]
 
@@ -103,6 +104,19 @@ class Channel(Protocol):
         ...
 
 
+@runtime_checkable
+class RoutedChannel(Protocol):
+    """A client channel whose URL does not name one server (NATS: the URL names a service, and
+    its queue group hands each new channel to any worker), so a reconnecting session must be told
+    how to reach the server that holds it again. ``resume_route`` (None: the URL suffices) goes,
+    unread by the session, into the next ``open()``'s :attr:`TransportConfig.resume_route`;
+    that ``open()`` raises :class:`m2mwire.errors.ResumeImpossible` when the route leads nowhere
+    any more (the server is gone), so the session ends at once instead of retrying."""
+
+    @property
+    def resume_route(self) -> str | None: ...
+
+
 # The names of the two optional halves of the interface before they became part of Channel.
 PushChannel = Channel
 DirectSendChannel = Channel
@@ -119,12 +133,15 @@ class TransportConfig:
     established only control messages arrive: the session raises it afterwards); ``options`` are
     the call's transport options, already checked against what the transport's registration
     accepts (m2mwire.transport.registry); ``token`` is the client's credential, for transports
-    that can also present it to the infrastructure in front (WebSocket: on the HTTP upgrade).
+    that can also present it to the infrastructure in front (WebSocket: on the HTTP upgrade);
+    ``resume_route`` is set when a client reconnects to resume a session: the previous channel's
+    :attr:`RoutedChannel.resume_route`.
     """
 
     max_message_size: int
     options: Mapping[str, Any] = field(default_factory=dict)
     token: str | None = None
+    resume_route: str | None = None
 
 
 class Listener(Protocol):

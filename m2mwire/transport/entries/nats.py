@@ -16,6 +16,7 @@ async def open(endpoint: Endpoint, config: TransportConfig) -> Channel:
         max_message_size=config.max_message_size,
         options=options,
         open_timeout=options.get("open_timeout", 10.0),
+        resume_route=config.resume_route,
     )
 
 

@@ -87,6 +87,7 @@ class NatsChannel:
         self._missed_probes = 0
         self._heard = self._loop.time()
         self.owns_bus = False  # a client channel holds its own reference to the shared connection
+        self.resume_route: str | None = None  # client: the worker's own subject (RoutedChannel)
         bus.routes[in_subject] = self
 
     def connect_peer(self, out_subject: str, peer_window: int) -> None:

@@ -2,8 +2,13 @@
 
 The transport handshake (before the session's HELLO) is one NATS request on the service subject:
 OPEN (JSON: the client's subject and window) answered by one worker of the queue group with
-OPEN_OK (JSON: the worker's subject, window and agent label). nats-server's "no responders"
-answer tells a client at once that no worker serves the subject.
+OPEN_OK (JSON: the worker's subject, window, and the worker's own subject). nats-server's "no
+responders" answer tells a client at once that no worker serves the subject.
+
+A client that reconnects to resume a session sends its OPEN to the worker's own subject instead
+(the channel's ``resume_route``, from OPEN_OK), since the queue group would hand it to any worker
+and only the one that holds the session can resume it. "No responders" there, a few times in a
+row, means that worker is gone: :class:`~m2mwire.errors.ResumeImpossible` ends the session at once.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from m2mwire.codecs.limits import MiB
-from m2mwire.errors import TransportError
+from m2mwire.errors import ResumeImpossible, TransportError
 from m2mwire.transport.nats.bus import Bus, acquire_bus, release_bus
 from m2mwire.transport.nats.channel import NatsChannel
 from m2mwire.transport.nats.options import parse_nats_url
@@ -36,6 +41,12 @@ DEFAULT_WINDOW = 8 * MiB
 DEFAULT_PROBE_INTERVAL = 5.0
 DEFAULT_QUEUE = "m2mwire"
 _MAX_OPEN = 4096  # an OPEN request is a few hundred bytes; anything larger is refused unread
+# A resuming OPEN answered "no responders" this many times in a row, this many seconds apart,
+# means the worker is gone. Not the first answer: a worker whose NATS node died is unsubscribed
+# until nats-py has reconnected it to another node (at once, on a cluster), as the liveness probe
+# also allows for (channel._MISSED_PROBES).
+_GONE_ANSWERS = 3
+_GONE_EVERY = 1.0
 
 
 def _window(bus: Bus, options: dict[str, Any]) -> int:
@@ -47,10 +58,68 @@ def _probe_interval(options: dict[str, Any]) -> float:
     return float(options.get("probe_interval", DEFAULT_PROBE_INTERVAL) or 0.0)
 
 
+def _valid_subject(subject: object) -> bool:
+    """A subject a peer gave us to publish to: a string with no wildcard and no whitespace."""
+    return (
+        isinstance(subject, str)
+        and bool(subject)
+        and not any(c in subject for c in "*> \t\r\n")
+        and all(subject.split("."))
+    )
+
+
+async def _request_open(
+    bus: Bus, subject: str, request: bytes, timeout: float, service: str, servers: str
+) -> Msg:
+    """One OPEN request; TransportError (the reconnect loop tries again) when nobody answers."""
+    try:
+        return await bus.nc.request(subject, request, timeout=timeout)
+    except NoRespondersError:
+        raise TransportError(
+            f"no worker serves {service!r} on NATS {servers} "
+            "(nothing is subscribed to that subject: start one with m2mwire.serve(handler, url))"
+        ) from None
+    except (TimeoutError, NatsTimeoutError):
+        raise TransportError(
+            f"no worker of {service!r} answered within {timeout:g} s (open_timeout=)"
+        ) from None
+    except NatsError as exc:
+        raise TransportError(f"could not open a NATS session on {service!r}: {exc}") from exc
+
+
+async def _request_resume_open(bus: Bus, route: str, request: bytes, timeout: float, service: str) -> Msg:
+    """OPEN on the worker's own subject; ResumeImpossible once "no responders" says it is gone."""
+    for answer in range(1, _GONE_ANSWERS + 1):
+        try:
+            return await bus.nc.request(route, request, timeout=timeout)
+        except NoRespondersError:
+            if answer == _GONE_ANSWERS:
+                break
+            await asyncio.sleep(_GONE_EVERY)
+        except (TimeoutError, NatsTimeoutError):
+            raise TransportError(
+                f"the worker of {service!r} holding this session did not answer within {timeout:g} s "
+                "(open_timeout=)"
+            ) from None
+        except NatsError as exc:
+            raise TransportError(f"could not reach the worker of {service!r}: {exc}") from exc
+    raise ResumeImpossible(
+        f"the NATS worker of {service!r} that held this session is gone: nothing listened on its "
+        f"subject for {_GONE_ANSWERS} attempts {_GONE_EVERY:g} s apart (its process ended, lost its "
+        "NATS connection or stopped serving); open a new session"
+    )
+
+
 async def open_nats_channel(
-    url: str, *, max_message_size: int, options: dict[str, Any], open_timeout: float = 10.0
+    url: str,
+    *,
+    max_message_size: int,
+    options: dict[str, Any],
+    open_timeout: float = 10.0,
+    resume_route: str | None = None,
 ) -> NatsChannel:
-    """Ask the service named by ``url`` for a session channel; one worker answers."""
+    """Ask the service named by ``url`` for a session channel; one worker answers. With
+    ``resume_route`` (a previous channel's), ask the worker that holds the session being resumed."""
     target = parse_nats_url(url, options)
     bus = await acquire_bus(target, options)
     channel: NatsChannel | None = None
@@ -65,27 +134,27 @@ async def open_nats_channel(
             probe_interval=_probe_interval(options),
         )
         request = {"v": OPEN_VERSION, "subject": channel.in_subject, "window": window, "peer": bus.label}
-        try:
-            reply = await bus.nc.request(target.subject, json.dumps(request).encode(), timeout=open_timeout)
-        except NoRespondersError:
-            raise TransportError(
-                f"no worker serves {target.subject!r} on NATS {', '.join(target.servers)} "
-                "(nothing is subscribed to that subject: start one with m2mwire.serve(handler, url))"
-            ) from None
-        except (TimeoutError, NatsTimeoutError):
-            raise TransportError(
-                f"no worker of {target.subject!r} answered within {open_timeout:g} s (open_timeout=)"
-            ) from None
-        except NatsError as exc:
-            raise TransportError(f"could not open a NATS session on {target.subject!r}: {exc}") from exc
+        body = json.dumps(request).encode()
+        if resume_route is None:
+            servers = ", ".join(target.servers)
+            reply = await _request_open(bus, target.subject, body, open_timeout, target.subject, servers)
+        else:
+            reply = await _request_resume_open(bus, resume_route, body, open_timeout, target.subject)
         try:
             answer = json.loads(reply.data)
             subject, peer_window = str(answer["subject"]), int(answer["window"])
         except (ValueError, KeyError, TypeError) as exc:
             raise TransportError(f"malformed OPEN_OK from the worker of {target.subject!r}: {exc}") from exc
-        if answer.get("v") != OPEN_VERSION or peer_window <= 0 or not subject:
+        worker = answer.get("worker", resume_route)  # absent: a worker that cannot be reached again
+        if (
+            answer.get("v") != OPEN_VERSION
+            or peer_window <= 0
+            or not subject
+            or (worker is not None and not _valid_subject(worker))
+        ):
             raise TransportError(f"the worker of {target.subject!r} answered OPEN with {answer!r}")
         channel.connect_peer(subject, peer_window)
+        channel.resume_route = worker
         channel.owns_bus = True
         return channel
     except BaseException:
@@ -113,6 +182,7 @@ class NatsListener:
         self._max = max_message_size
         self._bus: Bus | None = None
         self._sub: Subscription | None = None
+        self._own_sub: Subscription | None = None  # the worker's own subject (resuming OPENs)
         self._prefix = ""
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = asyncio.Event()
@@ -126,8 +196,11 @@ class NatsListener:
         try:
             # Session subjects of this worker: a random process prefix under the service, so a
             # deployment can give workers "subscribe _M2M.<service>.>" and clients "publish" to it.
+            # The prefix itself is the worker's own subject (outside the prefix's "*" wildcard),
+            # where clients resuming one of its sessions send their OPEN.
             self._prefix = f"_M2M.{self._target.subject}.{secrets.token_hex(8)}"
             await bus.subscribe_prefix(self._prefix)
+            self._own_sub = await bus.subscribe_service(self._prefix, "", self._on_resume_open)
             queue = str(self._options.get("queue", DEFAULT_QUEUE))
             self._sub = await bus.subscribe_service(self._target.subject, queue, self._on_open)
             await bus.nc.flush(timeout=5)  # the subscriptions are in place when start() returns
@@ -137,8 +210,20 @@ class NatsListener:
             raise
 
     async def _on_open(self, msg: Msg) -> None:
+        """An OPEN from the queue group: a new session, taken until close()."""
+        if not self._closed.is_set():
+            await self._accept(msg)
+
+    async def _on_resume_open(self, msg: Msg) -> None:
+        """An OPEN on this worker's own subject: taken until wait_closed(), so the sessions of a
+        worker that stopped taking new ones (close(), e.g. while it is being replaced) can still
+        be resumed while they run (the session layer checks the resume token). Only this worker's
+        own clients learn the subject, from OPEN_OK."""
+        await self._accept(msg)
+
+    async def _accept(self, msg: Msg) -> None:
         bus = self._bus
-        if bus is None or self._closed.is_set() or not msg.reply:
+        if bus is None or not msg.reply:
             return
         try:
             if len(msg.data) > _MAX_OPEN:
@@ -167,7 +252,12 @@ class NatsListener:
             probe_interval=_probe_interval(self._options),
         )
         channel.connect_peer(subject, window)
-        answer = {"v": OPEN_VERSION, "subject": channel.in_subject, "window": own_window}
+        answer = {
+            "v": OPEN_VERSION,
+            "subject": channel.in_subject,
+            "window": own_window,
+            "worker": self._prefix,  # where this client resumes the session (see _on_resume_open)
+        }
         try:
             await msg.respond(json.dumps(answer).encode())
         except NatsError as exc:
@@ -185,7 +275,8 @@ class NatsListener:
             channel.abort()  # a no-op after an orderly close
 
     def close(self) -> None:
-        """Stop taking new sessions (sessions already running go on until wait_closed())."""
+        """Stop taking new sessions (sessions already running go on, and can be resumed, until
+        wait_closed())."""
         if self._closed.is_set():
             return
         self._closed.set()
@@ -201,6 +292,11 @@ class NatsListener:
             await asyncio.wait(list(self._tasks), timeout=10)
         for task in list(self._tasks):
             task.cancel()
+        if self._own_sub is not None:
+            # The shared connection may outlive this worker (other users): from now on a resuming
+            # client gets "no responders" here, and learns that the worker is gone.
+            sub, self._own_sub = self._own_sub, None
+            await _unsubscribe(sub)
         if self._bus is not None:
             bus, self._bus = self._bus, None
             await release_bus(bus)
