@@ -4,7 +4,10 @@
    against no reconnect, same run, server in its own process (as users run it), interleaved
    rounds, medians. Goal: <= 5 % slower.
 2. Chaos: a TCP proxy (WebSocket) cuts connections mid-frame, or a UDP proxy (QUIC) blackholes
-   the path, while text, JSON and AVP messages of random sizes flow both ways; checks exactly-once
+   the path, or a TCP proxy between the client and nats-server (NATS) cuts the client's NATS
+   connection mid-frame (nats-py reconnects, the channel resends) and, at 7 points, refuses it for
+   0.8 s so that the session is detached and resumes on its worker (nats-server runs in its own
+   process too), while text, JSON and AVP messages of random sizes flow both ways; checks exactly-once
    in-order delivery and reports the time from losing a connection to resuming (p50/p99), the
    messages retransmitted per cut, and the peak RSS of the client process (with the proxy) and of
    the server process (its own, as users run it; Linux /proc). Both sides check what arrives
@@ -12,7 +15,7 @@
    ``--full``: 10,000 messages each way of up to 1 MiB (``--count N`` for fewer).
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_resume.py [--full] [--count N] [--rounds 5]
-        [--only cost|chaos] [--scheme ws|quic]
+        [--only cost|chaos] [--scheme ws|quic|nats]
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import m2mwire  # noqa: E402
+from m2mwire.transport.nats.local import LocalNatsServer  # noqa: E402
 from tests.chaosproxy import TcpChaosProxy, UdpChaosProxy  # noqa: E402
 from tests.test_resume import IDENT, same, workload_items  # noqa: E402
 
@@ -118,6 +122,7 @@ from tests.test_resume import IDENT, same, workload_items
 
 scheme, count, max_size = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 algorithms = sys.argv[4].split(",") if sys.argv[4] else None
+url = sys.argv[5] if len(sys.argv) > 5 else f"{scheme}://127.0.0.1:0"  # nats: the service's URL
 
 async def main():
     finished = asyncio.Event()
@@ -144,12 +149,16 @@ async def main():
         finished.set()
         await session.wait_closed()
 
-    options = {"identity": IDENT, "max_payload": 2 * max_size + 4096, "cert_dir": False}
+    options = {"identity": IDENT, "max_payload": 2 * max_size + 4096}
     if algorithms:
         options["algorithms"] = algorithms
+    if scheme == "nats":
+        options |= {"timers": QUIC_TIMERS, "probe_interval": 0.2}
+    else:
+        options["cert_dir"] = False
     if scheme == "quic":
         options["timers"] = QUIC_TIMERS
-    async with m2mwire.serve(handler, f"{scheme}://127.0.0.1:0", **options) as server:
+    async with m2mwire.serve(handler, url, **options) as server:
         start = {"port": server.port, "fingerprint": server.fingerprint, "rss_mib": rss_mib("VmRSS")}
         print(json.dumps(start), flush=True)
         await finished.wait()
@@ -160,7 +169,8 @@ async def main():
 asyncio.run(main())
 """
 CLIENT_SEED, SERVER_SEED = 11, 12  # the workloads the client and the server send
-QUIC_TIMERS = {"ping_interval": 0.2, "pong_timeout": 0.2, "max_missed_pongs": 2}
+QUIC_TIMERS = {"ping_interval": 0.2, "pong_timeout": 0.2, "max_missed_pongs": 2}  # NATS's too
+NATS_SERVICE = "bench.resume"
 
 
 def rss_mib(field: str) -> float:
@@ -185,8 +195,24 @@ def content_size(item: Any) -> int:
 async def chaos(
     scheme: str, count: int, max_size: int, cut_after: tuple[int, int], algorithms: str = ""
 ) -> None:
+    if scheme != "nats":
+        await chaos_run(scheme, count, max_size, cut_after, algorithms)
+        return
+    with LocalNatsServer() as nats:  # in a process of its own; the worker connects to it directly
+        await chaos_run(scheme, count, max_size, cut_after, algorithms, nats)
+
+
+async def chaos_run(
+    scheme: str,
+    count: int,
+    max_size: int,
+    cut_after: tuple[int, int],
+    algorithms: str,
+    nats: LocalNatsServer | None = None,
+) -> None:
+    service = [f"{nats.url}/{NATS_SERVICE}"] if nats is not None else []
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", CHAOS_SERVER, scheme, str(count), str(max_size), algorithms,
+        sys.executable, "-c", CHAOS_SERVER, scheme, str(count), str(max_size), algorithms, *service,
         stdout=asyncio.subprocess.PIPE, cwd=ROOT,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -195,20 +221,26 @@ async def chaos(
         reset_peak_rss()
         client_base = rss_mib("VmRSS")
         proxy: TcpChaosProxy | UdpChaosProxy
-        if scheme == "ws":
-            proxy = await TcpChaosProxy(started["port"], cut_after=cut_after, seed=3).start()
-        else:
+        if scheme == "quic":
             proxy = await UdpChaosProxy(started["port"]).start()
+        else:  # ws: to the server; nats: the client's connection to nats-server
+            target = nats.port if nats is not None else started["port"]
+            proxy = await TcpChaosProxy(target, cut_after=cut_after, seed=3).start()
         lost_at: list[float] = []
         resume_times: list[float] = []
         copts: dict[str, Any] = {"identity": IDENT, "max_payload": 2 * max_size + 4096}
         if algorithms:
             copts["algorithms"] = algorithms.split(",")
+        url = f"{scheme}://127.0.0.1:{proxy.port}"
         if scheme == "quic":
             copts |= {"timers": QUIC_TIMERS, "fingerprint": started["fingerprint"], "open_timeout": 0.3}
+        if scheme == "nats":  # nats-py retries the refused connection quickly, and never gives up
+            copts |= {"timers": QUIC_TIMERS, "probe_interval": 0.2, "reconnect_time_wait": 0.05}
+            copts |= {"max_reconnect_attempts": -1, "open_timeout": 2.0}
+            url += f"/{NATS_SERVICE}"
         reconnect = m2mwire.Reconnect(initial_delay=0.01, max_delay=0.2, max_elapsed=30)
         t0 = time.perf_counter()
-        async with m2mwire.connect(f"{scheme}://127.0.0.1:{proxy.port}", reconnect=reconnect, **copts) as s:
+        async with m2mwire.connect(url, reconnect=reconnect, **copts) as s:
             original_detached = s._on_detached
             original_settle = s._settle
 
@@ -238,15 +270,21 @@ async def chaos(
                     moved[0] += content_size(item)
 
             async def blackholes() -> None:
-                assert isinstance(proxy, UdpChaosProxy)
                 step = max(1, count // 8)
                 for mark in range(step, count, step):
                     while s.stats.messages_received < mark:
                         await asyncio.sleep(0.005)
-                    proxy.blackhole(0.8)
-                    await asyncio.sleep(0.9)
+                    if isinstance(proxy, UdpChaosProxy):
+                        proxy.blackhole(0.8)
+                        await asyncio.sleep(0.9)
+                    else:  # NATS: refused for longer than liveness allows (0.6 s): a resume
+                        proxy.refusing = True
+                        proxy.cut()
+                        await asyncio.sleep(0.8)
+                        proxy.refusing = False
+                        await asyncio.sleep(0.1)
 
-            bh = asyncio.create_task(blackholes()) if scheme == "quic" else None
+            bh = asyncio.create_task(blackholes()) if scheme != "ws" else None
             await asyncio.gather(rx(), tx())
             if bh is not None:
                 bh.cancel()
@@ -291,7 +329,7 @@ async def main() -> None:
     parser.add_argument("--count", type=int, help="messages each way (default: 2,000; --full 10,000)")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--only", choices=("cost", "chaos"))
-    parser.add_argument("--scheme", choices=("ws", "quic"), help="chaos over this transport only")
+    parser.add_argument("--scheme", choices=("ws", "quic", "nats"), help="chaos over this transport only")
     parser.add_argument(
         "--algorithms", default="", help="chaos: e.g. none (the workload's text compresses well by default)"
     )
@@ -299,12 +337,12 @@ async def main() -> None:
     if args.only != "chaos":
         await cost(args.rounds)
     if args.only != "cost":
-        print("== chaos: cuts (ws) and blackholes (quic) while messages flow both ways ==")
+        print("== chaos: cuts (ws), blackholes (quic), cuts and outages (nats), messages both ways ==")
         count, max_size = (10_000, 1024 * 1024) if args.full else (2000, 64 * 1024)
         # WebSocket cuts: after 200 KB .. 4 MB, or 3 .. 60 of the largest messages with --full
         # (a connection must carry a whole message for the run to progress).
         cut_after = (3 * max_size, 60 * max_size) if args.full else (200_000, 4_000_000)
-        for scheme in (args.scheme,) if args.scheme else ("ws", "quic"):
+        for scheme in (args.scheme,) if args.scheme else ("ws", "quic", "nats"):
             await chaos(scheme, args.count or count, max_size, cut_after, args.algorithms)
 
 

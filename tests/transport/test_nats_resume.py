@@ -22,10 +22,11 @@ import pytest
 
 import m2mwire
 from m2mwire.api import Server, Session
-from m2mwire.errors import SessionClosed
+from m2mwire.errors import SessionClosed, TransportError
 from m2mwire.reconnect import Reconnect
 from m2mwire.transport.nats.channel import NatsChannel
 from m2mwire.transport.nats.local import LocalNatsServer
+from m2mwire.transport.nats.service import open_nats_channel, serve_nats
 from tests.chaosproxy import TcpChaosProxy
 from tests.test_resume import IDENT, check_exactly_once_in_order, exchange, workload
 from tests.transport.test_nats import worker_process
@@ -191,3 +192,83 @@ async def test_the_workers_resume_window_applies_over_nats(nats_server: LocalNat
             await asyncio.wait_for(session.recv(), 10)
         assert info.value.code == "RESUME_EXPIRED"
         assert [e.code for e in handler_error] == ["RESUME_EXPIRED"]
+
+
+# -- a dropped channel lets go at once ------------------------------------------------------------
+# A session that detaches aborts its channel and resumes on a new one, after the old channel's
+# write in progress has ended: a send that waits in the old channel must end at abort(), or the
+# resumed session writes nothing (its HELLO included) until write_timeout (found by the NATS case
+# of benchmarks/bench_resume.py).
+
+SMALL_PENDING = {"nats_options": {"pending_size": 4096}}  # nats-py's buffer: a 100 kB message fills it
+
+
+async def test_a_send_waiting_for_the_nats_connection_ends_at_abort(nats_server: LocalNatsServer) -> None:
+    finished = asyncio.Event()
+
+    async def idle(channel: NatsChannel) -> None:
+        await asyncio.wait_for(finished.wait(), 10)
+
+    subject = f"test.{uuid.uuid4().hex}"
+    url = f"{nats_server.url}/{subject}"
+    listener = await serve_nats(idle, url, max_message_size=1 << 20, options={})
+    proxy = await TcpChaosProxy(nats_server.port).start()
+    try:
+        options = {**SMALL_PENDING, "reconnect_time_wait": 0.05, "max_reconnect_attempts": -1}
+        channel = await open_nats_channel(
+            f"nats://127.0.0.1:{proxy.port}/{url.rsplit('/', 1)[1]}",
+            max_message_size=1 << 20,
+            options=options,
+        )
+        await outage_started(proxy, channel)
+        sending = asyncio.create_task(channel.send(b"x" * 100_000))  # waits for the connection
+        await asyncio.sleep(0.2)
+        assert not sending.done()
+        channel.abort()
+        with pytest.raises(TransportError, match="aborted"):
+            await asyncio.wait_for(sending, 1.0)  # not once the connection is back (never, here)
+    finally:
+        finished.set()
+        await proxy.close()
+        listener.close()
+        await listener.wait_closed()
+
+
+async def outage_started(proxy: TcpChaosProxy, channel: NatsChannel) -> None:
+    proxy.refusing = True
+    proxy.cut()
+    for _ in range(100):
+        if not channel._nc.is_connected:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("nats-py did not notice the cut within 1 s")
+
+
+async def test_a_send_in_a_forced_flush_does_not_outlive_the_connection(nats_server: LocalNatsServer) -> None:
+    """nats-py's publish waits for a flush when its pending buffer is full; if the connection
+    closes before the flusher takes that flush, nats-py never completes it: the bus bounds the
+    wait (flush_timeout), so the channel's send ends, and the channel fails with the connection."""
+
+    finished = asyncio.Event()
+
+    async def idle(channel: NatsChannel) -> None:
+        await asyncio.wait_for(finished.wait(), 10)
+
+    subject = f"test.{uuid.uuid4().hex}"
+    url = f"{nats_server.url}/{subject}"
+    listener = await serve_nats(idle, url, max_message_size=1 << 20, options={})
+    try:
+        channel = await open_nats_channel(url, max_message_size=1 << 20, options=SMALL_PENDING)
+        sending = asyncio.create_task(channel.send(b"x" * 100_000))
+        await asyncio.sleep(0)  # the publish is queued behind a forced flush
+        await channel._nc.close()
+        # the flush timeout is 2 s; forever before (wait_for cannot tell: nats-py swallows the
+        # cancellation of a publish waiting for a flush)
+        done, _ = await asyncio.wait({sending}, timeout=4.0)
+        assert sending in done, "the send still waits for a flush of a closed connection"
+        sending.result()
+        assert channel.lost is not None and "NATS connection closed" in str(channel.lost)
+    finally:
+        finished.set()
+        listener.close()
+        await listener.wait_closed()

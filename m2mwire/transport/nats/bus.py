@@ -29,6 +29,7 @@ log = logging.getLogger("m2mwire.nats")
 
 # Status line nats-server sends to a reply subject nobody listens on (no_responders).
 _NO_RESPONDERS = "503"
+_FLUSH_TIMEOUT = 2.0  # seconds a publish waits for nats-py to flush its full pending buffer
 
 
 class Routed(Protocol):
@@ -60,6 +61,11 @@ class Bus:
     async def start(self, target: NatsTarget, options: dict[str, Any]) -> None:
         kwargs = nats_connect_kwargs(options)
         kwargs.setdefault("name", f"m2mwire {self.label}")
+        # A publish that finds nats-py's pending buffer full waits for a flush; without a timeout
+        # it waits forever when the connection closes before the flusher gets to it (nats-py
+        # leaves that flush pending), and a channel's send with it. After the timeout the publish
+        # returns (the bytes stay buffered, as on a reconnect; credit bounds them).
+        kwargs.setdefault("flush_timeout", _FLUSH_TIMEOUT)
         try:
             await self.nc.connect(
                 servers=list(target.servers),

@@ -88,6 +88,7 @@ class NatsChannel:
         self._heard = self._loop.time()
         self.owns_bus = False  # a client channel holds its own reference to the shared connection
         self.resume_route: str | None = None  # client: the worker's own subject (RoutedChannel)
+        self._resender: asyncio.Task[None] | None = None  # resending after a reconnect or a gap
         bus.routes[in_subject] = self
 
     def connect_peer(self, out_subject: str, peer_window: int) -> None:
@@ -415,18 +416,33 @@ class NatsChannel:
             # Reconnecting and nats-py's buffer is full: the message is retained, and goes out
             # again with everything unacknowledged once the connection is back.
             self._resend = True
-            await self._bus.reconnected.wait()
+            await self._until_reconnected()
+            if self.lost is not None:
+                raise self.lost from None
         except (ConnectionClosedError, NatsError) as exc:
             err = TransportError(f"NATS connection unusable: {exc or type(exc).__name__}")
             self._fail(err)
             raise err from exc
+
+    async def _until_reconnected(self) -> None:
+        """Wait until the shared connection is back, or this channel has failed: abort() must
+        end a waiting send now (the session resumes on another channel), not once this connection
+        is back, if it ever is. Called under the send lock, so the credit waiter slot is free."""
+        failed = self._credit_waiter = self._loop.create_future()  # _fail() resolves it
+        back = self._loop.create_task(self._bus.reconnected.wait())
+        try:
+            await asyncio.wait((failed, back), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            back.cancel()
 
     def _request_resend(self) -> None:
         self._resend = True
         if self._send_lock.locked():
             self._wake_sender()  # the sender resends before its next message
             return
-        task = self._loop.create_task(self._resend_task())
+        if self._resender is not None and not self._resender.done():
+            return  # it resends everything unacknowledged once it has the lock
+        self._resender = task = self._loop.create_task(self._resend_task())
         _tasks.add(task)
         task.add_done_callback(_tasks.discard)
 
@@ -482,6 +498,11 @@ class NatsChannel:
             task.add_done_callback(_tasks.discard)
         self._held.clear()
         self._parts = None
+        resender = self._resender
+        if resender is not None and resender is not asyncio.current_task():
+            # It may wait in nats-py for a flush that a connection closed meanwhile never does;
+            # a send() of the session waiting for the lock it holds must fail now, not then.
+            resender.cancel()
         self._wake_sender()
         if self._on_lost is not None:
             on_lost, self._on_lost = self._on_lost, None
