@@ -76,15 +76,15 @@ class connect:
     def _new_channel(self, resume_route: str | None = None) -> Awaitable[Channel]:
         return _open_channel(self._endpoint, self._config, self._topts, resume_route)
 
-    async def _resume_channel(self) -> Channel:
-        """A channel to resume on. A shared QUIC ``connection=`` that was lost is first replaced
-        by a new one to the same server (one for all the sessions that shared it: see
-        ``QuicClientConnection.redial``); otherwise it would refuse every attempt until
-        ``max_elapsed``."""
+    async def _resume_channel(self, resume_route: str | None = None) -> Channel:
+        """A channel to resume on (``resume_route``: the previous channel's, see RoutedChannel).
+        A shared QUIC ``connection=`` that was lost is first replaced by a new one to the same
+        server (one for all the sessions that shared it: see ``QuicClientConnection.redial``);
+        otherwise it would refuse every attempt until ``max_elapsed``."""
         shared: QuicClientConnection | None = self._topts.get("connection")
         if shared is not None:
             await shared.redial()
-        return await self._new_channel()
+        return await self._new_channel(resume_route)
 
     async def _open(self) -> Session:
         channel = await self._new_channel()

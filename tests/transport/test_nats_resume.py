@@ -70,7 +70,20 @@ async def on_a_draining_worker(
         finally:
             if session is not None:
                 await session.close()
+                await released(session)
             await proxy.close()
+
+
+async def released(session: Session) -> None:
+    """Until the client's NATS connection is closed: its last session released it, in a task of
+    its own; cut by the proxy first, it would retry forever (max_reconnect_attempts=-1)."""
+    channel = session._channel
+    assert isinstance(channel, NatsChannel)
+    for _ in range(500):
+        if channel._nc.is_closed:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the client's NATS connection is still open 5 s after its session closed")
 
 
 async def outage(proxy: TcpChaosProxy, seconds: float) -> None:
