@@ -60,7 +60,9 @@ class connect:
     ``recv()`` neither fail nor lose nor duplicate meanwhile (``send()`` waits once
     ``resume_buffer_bytes`` of unacknowledged messages are retained). When resuming is impossible
     the session ends with ``SessionClosed`` whose ``code`` says why: ``RESUME_EXPIRED``,
-    ``RESUME_UNKNOWN`` (e.g. the server restarted), ``RESUME_REFUSED`` or ``RECONNECT_GAVE_UP``.
+    ``RESUME_UNKNOWN`` (e.g. the server restarted; over NATS also at once when the worker that
+    held the session is gone), ``RESUME_REFUSED`` or ``RECONNECT_GAVE_UP``. Over NATS the session
+    resumes on the worker that holds it, not on any worker of the service.
     """
 
     def __init__(self, url: str, **options: Unpack[ConnectOptions]) -> None:
