@@ -269,6 +269,8 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
         options: dict[str, Any] = {}
         if args.certfile:
             options.update(certfile=args.certfile, keyfile=args.keyfile)
+        if args.resume_window is not None:
+            options.update(resume_window=args.resume_window)
         async with gateway(args.listen_url, args.nats_url, **options) as gw:
             print(
                 f"gateway on {gw.url} -> {args.nats_url}"
@@ -430,6 +432,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("nats_url", help="nats://host:4222[,host2:4222]/service.subject of the workers")
     p.add_argument("--certfile", help="TLS certificate chain (PEM; wss://, quic://); default: generated")
     p.add_argument("--keyfile", help="its private key (PEM), unless --certfile holds both")
+    p.add_argument(
+        "--resume-window",
+        type=float,
+        help="seconds to remember which worker holds a session whose connection was lost, so its "
+        "client resumes there through this gateway (the workers' resume_window; default 60)",
+    )
 
     p = sub.add_parser("send", help="open a session, send one message, print the reply")
     p.add_argument("url")

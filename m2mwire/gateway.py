@@ -5,6 +5,13 @@ of the service; it does not run a session itself, so HELLO/ACCEPT, codecs, PINGs
 to end and the client cannot tell a gatewayed session from a direct one (``session.info`` names
 the worker). Each direction is bounded: a message taken from one side is handed to the other
 before the next is taken, and the sides' own flow control (TCP, QUIC, NATS credit) does the rest.
+
+Resuming through the gateway: a NATS client resumes a session on the worker that holds it (the
+channel's resume route, docs/PROTOCOL.md §5a "Resuming"), but a WebSocket/QUIC client only knows
+the gateway's URL. So the gateway reads two messages of each relay, the client's first (HELLO) and
+the worker's first (ACCEPT), and remembers which worker accepted each resumable session
+(:class:`~m2mwire.resume_routes.ResumeRoutes`); a new connection whose HELLO resumes a session
+it remembers is opened to that worker. The token is still checked by the worker, end to end.
 """
 
 from __future__ import annotations
@@ -13,14 +20,18 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from m2mwire.codecs.limits import MiB
-from m2mwire.errors import TransportError
+from m2mwire.errors import M2MError, ResumeImpossible, TransportError
 from m2mwire.lifecycle import Listening
 from m2mwire.options import parse_url
+from m2mwire.resume_routes import DEFAULT_RESUME_WINDOW, ResumeRoutes
+from m2mwire.schemas.messages import Capabilities, Decoded, MessageType, ResumeCaps, decode_message
+from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, Timers
 from m2mwire.transport import registry
-from m2mwire.transport.base import Channel, Listener, Message, TransportConfig
+from m2mwire.transport.base import Channel, Listener, Message, RoutedChannel, TransportConfig
 from m2mwire.transport.nats.options import NATS_OPTIONS
 
 __all__ = ["Gateway", "gateway"]
@@ -28,7 +39,39 @@ __all__ = ["Gateway", "gateway"]
 log = logging.getLogger("m2mwire.gateway")
 
 _TRANSPORT_OPTIONS = frozenset({"certfile", "keyfile", "cert_dir", "ssl", "idle_timeout"})  # listening side
-_LISTEN_OPTIONS = _TRANSPORT_OPTIONS | {"max_payload", "open_timeout"}
+_LISTEN_OPTIONS = _TRANSPORT_OPTIONS | {"max_payload", "open_timeout", "hello_timeout", "resume_window"}
+
+
+def _resumed_session(message: Message, text: bool) -> str | None:
+    """The session id that a client's first message asks to resume, when it is a resuming HELLO."""
+    decoded = _control(message, text, MessageType.HELLO)
+    caps = decoded.payload if decoded is not None else None
+    return (
+        caps.resume.session_id
+        if isinstance(caps, Capabilities) and isinstance(caps.resume, ResumeCaps)
+        else None
+    )
+
+
+def _accepted_session(message: Message, text: bool) -> str | None:
+    """The session id of a worker's first message, when it is an ACCEPT granting (or honouring) resume."""
+    decoded = _control(message, text, MessageType.ACCEPT)
+    caps = decoded.payload if decoded is not None else None
+    if isinstance(caps, Capabilities) and isinstance(caps.resume, ResumeCaps) and decoded is not None:
+        return decoded.session_id
+    return None
+
+
+def _control(message: Message, text: bool, kind: MessageType) -> Decoded | None:
+    """``message`` parsed, when it is a control message of ``kind``. One parse of at most a control
+    message's size per relay and direction (a larger HELLO or ACCEPT is refused end to end anyway)."""
+    if not text or len(message) > CONTROL_MESSAGE_LIMIT:
+        return None
+    try:
+        decoded = decode_message(message)
+    except M2MError:
+        return None
+    return decoded if decoded.type is kind else None
 
 
 class Gateway(Listening):
@@ -48,6 +91,14 @@ class Gateway(Listening):
         self._nats_options = {k: v for k, v in options.items() if k in NATS_OPTIONS}
         # The largest message relayed; a session negotiating more than this cannot pass.
         self._max = int(options.get("max_payload", 16 * MiB))
+        self._open_timeout = float(options.get("open_timeout", 10.0))
+        # The gateway opens the NATS channel once it has the client's HELLO (it decides where the
+        # channel goes), so it bounds the wait for it itself, as a server does.
+        self._hello_timeout = float(options.get("hello_timeout", Timers().hello_timeout))
+        window = float(options.get("resume_window", DEFAULT_RESUME_WINDOW))
+        if window < 0 or self._hello_timeout <= 0:
+            raise ValueError("gateway resume_window= must be >= 0 and hello_timeout= > 0 (seconds)")
+        self.routes = ResumeRoutes(window)
         self._impl: Listener | None = None  # the transport's, once started
         self._relays: set[asyncio.Task[None]] = set()
         self.port = self._endpoint.port
@@ -67,26 +118,72 @@ class Gateway(Listening):
         return self
 
     async def _relay(self, edge: Channel) -> None:
-        from m2mwire.transport.nats.service import open_nats_channel
-
         task = asyncio.current_task()
         assert task is not None
         self._relays.add(task)
+        accepted: list[str] = []  # the session id, once the worker's ACCEPT granted resume
+        inner: Channel | None = None
+        ended = False
+        try:
+            outward = _Pipe(edge)
+            try:
+                first = await asyncio.wait_for(outward.first(), self._hello_timeout)
+            except TimeoutError:
+                await _close_quietly(edge, 1008, f"no HELLO within {self._hello_timeout:g} s")
+                return
+            if first is None:
+                return  # gone before saying anything
+            resumes = _resumed_session(*first)
+            route = self.routes.find(resumes) if resumes is not None else None
+            inner = await self._open(edge, route)
+            if inner is None:
+                return
+            bound = inner  # for the closure: the channel whose route the worker's ACCEPT confirms
+
+            def on_first_answer(message: Message, text: bool) -> None:
+                session_id = _accepted_session(message, text)
+                route = bound.resume_route if isinstance(bound, RoutedChannel) else None
+                if session_id is not None and route is not None:
+                    accepted.append(session_id)
+                    self.routes.attach(session_id, route, task)
+
+            ended = await _pipe_both(outward, _Pipe(inner, on_first_answer), edge, inner)
+        finally:
+            edge.abort()  # idempotent: a no-op on a channel that closed in order
+            if inner is not None:
+                inner.abort()
+            for session_id in accepted:
+                self.routes.detach(session_id, task, ended=ended)
+            self._relays.discard(task)
+
+    async def _open(self, edge: Channel, route: str | None) -> Channel | None:
+        """The NATS channel for a relay: to the worker at ``route`` (a session it holds is being
+        resumed), else through the queue group; None when no worker can be had (edge closed)."""
+        from m2mwire.transport.nats.service import open_nats_channel
+
         try:
             try:
-                inner: Channel = await open_nats_channel(
+                return await open_nats_channel(
                     self.nats_url,
                     max_message_size=self._max,
                     options=self._nats_options,
-                    open_timeout=float(self._options.get("open_timeout", 10.0)),
+                    open_timeout=self._open_timeout,
+                    resume_route=route,
                 )
-            except TransportError as exc:
-                log.warning("gateway: no NATS session for %s: %s", edge.remote_address, exc)
-                await edge.close(1013, "no worker available; try again later")
-                return
-            await _pipe_both(edge, inner)
-        finally:
-            self._relays.discard(task)
+            except ResumeImpossible as exc:
+                # That worker is gone, and the session with it: through the queue group, a worker
+                # answers the resuming HELLO with REJECT RESUME_UNKNOWN, end to end.
+                log.info("gateway: %s", exc)
+                return await open_nats_channel(
+                    self.nats_url,
+                    max_message_size=self._max,
+                    options=self._nats_options,
+                    open_timeout=self._open_timeout,
+                )
+        except TransportError as exc:
+            log.warning("gateway: no NATS session for %s: %s", edge.remote_address, exc)
+            await _close_quietly(edge, 1013, "no worker available; try again later")
+            return None
 
     def close(self) -> None:
         if self._impl is not None:
@@ -107,17 +204,25 @@ class Gateway(Listening):
         await self.wait_closed()
 
 
-async def _pipe_both(a: Channel, b: Channel) -> None:
-    """Relay until either side ends, then end the other the same way (orderly or not)."""
-    one = asyncio.create_task(_pipe(a, b))
-    two = asyncio.create_task(_pipe(b, a))
+async def _close_quietly(channel: Channel, code: int, reason: str) -> None:
+    with contextlib.suppress(TransportError, TimeoutError):
+        async with asyncio.timeout(5):
+            await channel.close(code, reason)
+
+
+async def _pipe_both(one: _Pipe, two: _Pipe, a: Channel, b: Channel) -> bool:
+    """Relay ``one`` (from ``a``) to ``b`` and ``two`` (from ``b``) to ``a`` until either side
+    ends, then end the other the same way (orderly or not); True when it ended in order."""
+    tasks = (asyncio.create_task(one.run(b)), asyncio.create_task(two.run(a)))
     try:
-        await asyncio.wait((one, two), return_when=asyncio.FIRST_COMPLETED)
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        # In order only when the side that ended first closed in order (a failure is not).
+        return all(not task.cancelled() and task.exception() is None and task.result() for task in done)
     finally:
-        for task in (one, two):
+        for task in tasks:
             task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await asyncio.gather(one, two, return_exceptions=True)
+            await asyncio.gather(*tasks, return_exceptions=True)
         for channel in (a, b):
             channel.abort()  # idempotent: a no-op on a side that closed in order
 
@@ -125,53 +230,67 @@ async def _pipe_both(a: Channel, b: Channel) -> None:
 _RELAY_QUEUE = 16  # messages taken from a push channel before it is paused
 
 
-async def _pipe(src: Channel, dst: Channel) -> None:
-    """Hand every message of ``src`` to ``dst`` in order; end ``dst`` the way ``src`` ended."""
-    # (message, text): relayed as they came; a text message's UTF-8 is the endpoint's to check.
-    queue: deque[tuple[Message, bool]] = deque()
-    ended: list[TransportError] = []
-    wake = asyncio.Event()
-    paused = False
+class _Pipe:
+    """One direction of a relay: the messages of ``src`` in order, as (message, text), relayed as
+    they came (a text message's UTF-8 is the endpoint's to check). Channels deliver from their
+    socket callback; pausing them at a small queue keeps what the gateway holds per direction
+    bounded. ``on_first`` sees the first message before it is queued."""
 
-    # Channels deliver from their socket callback; pausing them at a small queue keeps what the
-    # gateway holds per direction bounded.
-    def on_message(message: Message, text: bool) -> None:
-        nonlocal paused
-        queue.append((message, text))
-        if len(queue) >= _RELAY_QUEUE and not paused:
-            paused = True
-            src.pause_reading()
-        wake.set()
+    def __init__(self, src: Channel, on_first: Callable[[Message, bool], None] | None = None) -> None:
+        self._src = src
+        self._on_first = on_first
+        self._queue: deque[tuple[Message, bool]] = deque()
+        self._ended: list[TransportError] = []
+        self._wake = asyncio.Event()
+        self._paused = False
+        src.start_push(self._on_message, self._on_lost)  # last: it may deliver at once
 
-    def on_lost(exc: TransportError) -> None:
-        ended.append(exc)
-        wake.set()
+    def _on_message(self, message: Message, text: bool) -> None:
+        if self._on_first is not None:
+            look, self._on_first = self._on_first, None
+            look(message, text)
+        self._queue.append((message, text))
+        if len(self._queue) >= _RELAY_QUEUE and not self._paused:
+            self._paused = True
+            self._src.pause_reading()
+        self._wake.set()
 
-    src.start_push(on_message, on_lost)
-    while True:
-        while queue:
-            message, text = queue.popleft()
-            if paused and len(queue) <= _RELAY_QUEUE // 2:
-                paused = False
-                src.resume_reading()
-            try:
-                await dst.send(message, text)
-            except TransportError:
-                src.abort()
-                return
-        if ended:
-            end = ended[0]
-            # An orderly close stays orderly for the far peer, a lost connection is lost there too.
-            if end.clean:
-                with contextlib.suppress(TransportError, TimeoutError):
-                    async with asyncio.timeout(5):
-                        await dst.close(end.code or 1000, end.reason or "")
-            else:
-                dst.abort()
-            return
-        wake.clear()
-        if not queue and not ended:
-            await wake.wait()
+    def _on_lost(self, exc: TransportError) -> None:
+        self._ended.append(exc)
+        self._wake.set()
+
+    async def first(self) -> tuple[Message, bool] | None:
+        """The first message (left in the queue), or None when ``src`` ended without one."""
+        while not self._queue and not self._ended:
+            self._wake.clear()
+            await self._wake.wait()
+        return self._queue[0] if self._queue else None
+
+    async def run(self, dst: Channel) -> bool:
+        """Hand every message to ``dst``; end ``dst`` the way ``src`` ended (True: in order)."""
+        queue = self._queue
+        while True:
+            while queue:
+                message, text = queue.popleft()
+                if self._paused and len(queue) <= _RELAY_QUEUE // 2:
+                    self._paused = False
+                    self._src.resume_reading()
+                try:
+                    await dst.send(message, text)
+                except TransportError:
+                    self._src.abort()
+                    return False
+            if self._ended:
+                end = self._ended[0]
+                # An orderly close stays orderly for the far peer, a lost connection is lost there too.
+                if end.clean:
+                    await _close_quietly(dst, end.code or 1000, end.reason or "")
+                else:
+                    dst.abort()
+                return end.clean
+            self._wake.clear()
+            if not queue and not self._ended:
+                await self._wake.wait()
 
 
 def gateway(listen_url: str, nats_url: str, **options: Any) -> Gateway:
@@ -181,7 +300,10 @@ def gateway(listen_url: str, nats_url: str, **options: Any) -> Gateway:
     Options: certfile/keyfile or ssl (wss://, quic://; without them a self-signed certificate is
     generated, kept as serve()'s ``cert_dir=`` says, and ``gw.fingerprint`` set), idle_timeout
     (QUIC), max_payload (the largest message relayed, default 16 MiB), open_timeout (for a worker
-    to answer), and the NATS options of :func:`m2mwire.connect` (servers, user, password,
-    credentials, tls, ...).
+    to answer), hello_timeout (for a new connection's first message, default 30 s),
+    resume_window (how long the gateway remembers which worker holds a session whose connection
+    was lost, so a client resuming it through this gateway reaches that worker: set it to the
+    workers' resume_window; default 60 s; 0: resumes go to the queue group), and the NATS options
+    of :func:`m2mwire.connect` (servers, user, password, credentials, tls, ...).
     """
     return Gateway(listen_url, nats_url, options)

@@ -3,14 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 import pytest
 
 import m2mwire
 from m2mwire.api import Session
 from m2mwire.errors import SessionClosed
+from m2mwire.resume_routes import ResumeRoutes
 from m2mwire.transport.nats.local import LocalNatsServer
+from tests.chaosproxy import TcpChaosProxy
+from tests.test_resume import FAST, IDENT, check_exactly_once_in_order, exchange, workload
+
+if TYPE_CHECKING:  # not at run time: importing the module would hide m2mwire.gateway()
+    from m2mwire.gateway import Gateway
 
 
 async def echo(session: Session) -> None:
@@ -46,3 +56,152 @@ async def test_gateway_without_a_worker_refuses_the_session(nats_server: LocalNa
     async with m2mwire.gateway("ws://127.0.0.1:0", url) as gw:
         with pytest.raises((SessionClosed, m2mwire.TransportError)):
             await asyncio.wait_for(m2mwire.connect(gw.url), 10)
+
+
+# -- resuming through the gateway (docs/PROTOCOL.md §5a "Gateway") --------------------------------
+# The client's connection to the gateway is cut by a proxy; the session is held by worker A, which
+# then stops taking new sessions while worker B serves the same service, so a resuming session
+# sent through the queue group would deterministically reach B, which can only refuse it.
+
+
+@asynccontextmanager
+async def through_a_gateway_to_a_draining_worker(
+    handler: Callable[[Session], Awaitable[None]], nats_server: LocalNatsServer
+) -> AsyncIterator[tuple[Session, TcpChaosProxy, Gateway]]:
+    url = f"{nats_server.url}/test.{uuid.uuid4().hex}"
+    async with m2mwire.serve(handler, url, agent_id="worker-a", identity=IDENT) as a:
+        async with m2mwire.gateway("ws://127.0.0.1:0", url) as gw:
+            proxy = await TcpChaosProxy(gw.port).start()
+            try:
+                async with m2mwire.connect(
+                    f"ws://127.0.0.1:{proxy.port}", reconnect=FAST, identity=IDENT
+                ) as session:
+                    assert session.info.peer_agent_id == "worker-a"
+                    a.close()  # A takes no new session, but its sessions go on
+                    async with m2mwire.serve(handler, url, agent_id="worker-b", identity=IDENT):
+                        yield session, proxy, gw
+            finally:
+                await proxy.close()
+
+
+@pytest.mark.timeout(60)
+async def test_a_websocket_client_resumes_on_its_worker_through_the_gateway(
+    nats_server: LocalNatsServer,
+) -> None:
+    """Three cuts of the client's connection to the gateway at random points of an exchange both
+    ways (text, JSON, AVP; up to 16 KiB): the session resumes each time on worker A, and every
+    message arrives exactly once, in order, on both sides."""
+    count = 600
+    to_worker, to_client = workload(31, count, 16 * 1024), workload(32, count, 16 * 1024)
+    worker_got: list[m2mwire.Message] = []
+    done = asyncio.Event()
+
+    async def handler(session: Session) -> None:
+        worker_got.extend(await exchange(session, to_client, count))
+        done.set()
+        await session.wait_closed()
+
+    async with through_a_gateway_to_a_draining_worker(handler, nats_server) as (session, proxy, gw):
+        sid = session.info.session_id
+        assert sid is not None and gw.routes.find(sid) is not None  # learned from A's ACCEPT
+        rng = random.Random(33)
+
+        async def cuts() -> None:
+            for mark in sorted(rng.uniform(0.1, 0.8) * count for _ in range(3)):
+                while session.stats.messages_received < mark:
+                    await asyncio.sleep(0.002)
+                resumed = session.stats.reconnects
+                proxy.cut()
+                async with asyncio.timeout(10):
+                    while session.stats.reconnects == resumed:
+                        await asyncio.sleep(0.005)
+
+        chaos = asyncio.create_task(cuts())
+        client_got = await asyncio.wait_for(exchange(session, to_worker, count), 40)
+        await asyncio.wait_for(chaos, 20)
+        await asyncio.wait_for(done.wait(), 20)
+        check_exactly_once_in_order(to_client, client_got)
+        check_exactly_once_in_order(to_worker, worker_got)
+        assert proxy.cuts >= 3 and session.stats.reconnects >= 3
+        assert session.info.session_id == sid and session.info.peer_agent_id == "worker-a"
+        await session.close()
+        # an orderly end: the gateway forgets the session's worker
+        for _ in range(200):
+            if not len(gw.routes):
+                break
+            await asyncio.sleep(0.01)
+        assert gw.routes.find(sid) is None and not len(gw.routes)
+
+
+async def test_a_resume_through_the_gateway_still_needs_the_token(nats_server: LocalNatsServer) -> None:
+    """The gateway picks the worker by session id only; the worker that holds the session checks
+    the token (a resume that reached another worker would be RESUME_UNKNOWN instead)."""
+    async with through_a_gateway_to_a_draining_worker(echo, nats_server) as (session, proxy, _gw):
+        await session.send("before", algorithm="none")
+        assert (await asyncio.wait_for(session.recv(), 5)).text == "before"
+        resume = session._protocol.resume
+        assert resume is not None
+        resume.token = resume.token[:-1] + ("B" if resume.token.endswith("A") else "A")
+        proxy.cut()
+        with pytest.raises(SessionClosed) as info:
+            await asyncio.wait_for(session.recv(), 10)
+        assert info.value.code == "RESUME_REFUSED"
+
+
+# -- the gateway's memory of routes is bounded ----------------------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_routes_of_lost_sessions_expire_after_the_window() -> None:
+    clock = Clock()
+    routes = ResumeRoutes(60.0, clock=clock)
+    relay = object()
+    routes.attach("s1", "_M2M.svc.a", relay)
+    clock.now = 1000.0  # a live session's route never expires
+    assert routes.find("s1") == "_M2M.svc.a"
+    routes.detach("s1", relay, ended=False)  # its connection was lost
+    clock.now = 1059.0
+    assert routes.find("s1") == "_M2M.svc.a"
+    clock.now = 1060.0
+    assert routes.find("s1") is None and len(routes) == 0
+
+
+def test_an_orderly_end_forgets_the_route_and_a_stale_relay_does_not_touch_the_new_one() -> None:
+    routes = ResumeRoutes(60.0)
+    old, new = object(), object()
+    routes.attach("s1", "_M2M.svc.a", old)
+    routes.attach("s1", "_M2M.svc.a", new)  # resumed on a new connection before the old one ended
+    routes.detach("s1", old, ended=False)
+    assert routes._live["s1"][1] is new and not routes._detached
+    routes.detach("s1", new, ended=True)
+    assert routes.find("s1") is None and len(routes) == 0
+
+
+def test_routes_of_lost_sessions_are_bounded_in_number() -> None:
+    routes = ResumeRoutes(60.0, limit=100)
+    for i in range(1000):
+        relay = object()
+        routes.attach(f"s{i}", f"_M2M.svc.{i}", relay)
+        routes.detach(f"s{i}", relay, ended=False)
+    assert len(routes) == 100
+    assert routes.find("s899") is None and routes.find("s900") == "_M2M.svc.900"  # the oldest went
+
+
+def test_a_gateway_with_resume_window_0_remembers_no_lost_session() -> None:
+    routes = ResumeRoutes(0.0)
+    relay = object()
+    routes.attach("s1", "_M2M.svc.a", relay)
+    routes.detach("s1", relay, ended=False)
+    assert routes.find("s1") is None
+
+
+def test_gateway_options_are_checked() -> None:
+    with pytest.raises(ValueError, match="resume_window"):
+        m2mwire.gateway("ws://127.0.0.1:0", "nats://127.0.0.1:4222/x", resume_window=-1)
