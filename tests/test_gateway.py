@@ -10,6 +10,8 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import pytest
+from websockets.asyncio.client import connect as ws_connect
+from websockets.exceptions import ConnectionClosed
 
 import m2mwire
 from m2mwire.api import Session
@@ -146,6 +148,18 @@ async def test_a_resume_through_the_gateway_still_needs_the_token(nats_server: L
         with pytest.raises(SessionClosed) as info:
             await asyncio.wait_for(session.recv(), 10)
         assert info.value.code == "RESUME_REFUSED"
+
+
+async def test_a_connection_that_sends_no_hello_is_closed(nats_server: LocalNatsServer) -> None:
+    """The gateway waits for the first message before opening a NATS channel (it decides where
+    the channel goes), so it bounds that wait itself: hello_timeout, then close 1008."""
+    url = f"{nats_server.url}/test.{uuid.uuid4().hex}"
+    async with m2mwire.serve(echo, url):
+        async with m2mwire.gateway("ws://127.0.0.1:0", url, hello_timeout=0.3) as gw:
+            async with ws_connect(gw.url) as ws:
+                with pytest.raises(ConnectionClosed) as info:
+                    await asyncio.wait_for(ws.recv(), 5)
+            assert info.value.rcvd is not None and info.value.rcvd.code == 1008
 
 
 # -- the gateway's memory of routes is bounded ----------------------------------------------------
