@@ -35,6 +35,9 @@ OnLost = Callable[[TransportError], None]
 
 _PULL_MAX = 16  # messages buffered for recv() (before start_push) before we stop taking more
 _RESYNC_EVERY = 0.25  # seconds between two resend requests for the same gap
+# NATS drops what it cannot deliver, a CREDIT too (see _announce_credit and _wait_credit):
+_ANNOUNCE_EVERY = 0.25  # seconds between two credit re-announcements a peer asked for
+_ASK_CREDIT_AFTER = 1.0  # seconds a send waits for credit before asking the peer for it (again)
 _MISSED_PROBES = 3  # "no responders" answers in a row that mean the peer is gone
 _CLOSE_COST = 600  # a CLOSE frame's cost against credit (its reason is cut at 512 bytes)
 _HEAD = f.HEADER.size
@@ -79,6 +82,8 @@ class NatsChannel:
         self._send_lock = asyncio.Lock()
         self._resend = False  # everything unacknowledged must go out again (reconnect, gap)
         self._resync_at = -math.inf
+        self._announced_at = -math.inf  # when we last announced our credit again (asked to)
+        self._announce_handle: asyncio.TimerHandle | None = None  # one deferred, at most
         self._parts: bytearray | None = None  # a message being reassembled
         self._parts_total = 0
         self._parts_text = False
@@ -227,6 +232,8 @@ class NatsChannel:
                 grew = self._sender.on_credit(ack, limit)
                 if flags & f.RESYNC:
                     self._request_resend()
+                if flags & (f.RESYNC | f.ASK):
+                    self._announce_credit()
                 if grew:
                     self._wake_sender()
                 return
@@ -377,6 +384,32 @@ class NatsChannel:
         receiver = self._receiver
         self._bus.publish_soon(self._out, f.pack_credit(receiver.last_in_order, receiver.granted, f.RESYNC))
 
+    def _announce_credit(self) -> None:
+        """Announce our credit (and acknowledgement) again: the peer reconnected or saw a gap
+        (RESYNC), so a CREDIT we sent may have been lost with its data, or its send has waited for
+        credit long (ASK). Without this, a lost CREDIT leaves a sender that used its window waiting
+        for good while both ends are alive. Credit is cumulative (a limit on the total sent, and
+        the last sequence number taken), so announcing it twice changes nothing.
+
+        What a peer can make us send with these flags is bounded: one CREDIT per _ANNOUNCE_EVERY;
+        one asked for sooner is deferred, never dropped (dropping it could drop the one that
+        matters), and many asked for meanwhile share it."""
+        if self._announce_handle is not None or self.lost is not None:
+            return  # one is due already: it will say the current credit
+        wait = self._announced_at + _ANNOUNCE_EVERY - self._loop.time()
+        if wait > 0:
+            self._announce_handle = self._loop.call_later(wait, self._send_credit)
+        else:
+            self._send_credit()
+
+    def _send_credit(self) -> None:
+        self._announce_handle = None
+        if self.lost is not None or not self._out:
+            return
+        self._announced_at = self._loop.time()
+        receiver = self._receiver
+        self._bus.publish_soon(self._out, f.pack_credit(receiver.last_in_order, receiver.granted))
+
     def _protocol_error(self, text: str, code: int = 1002) -> None:
         log.warning("NATS session channel from %s: %s", self._remote, text)
         if self._out:
@@ -404,8 +437,18 @@ class NatsChannel:
                 continue
             if sender.has_credit(cost):
                 return sender.take(cost)
-            self._credit_waiter = self._loop.create_future()
-            await self._credit_waiter
+            waiter = self._credit_waiter = self._loop.create_future()
+            while not waiter.done():
+                await asyncio.wait((waiter,), timeout=_ASK_CREDIT_AFTER)
+                if not waiter.done() and self.lost is None and self._out:
+                    # The CREDIT that would let us go on may have been lost (by NATS, with no
+                    # reconnect to tell: a route between cluster nodes that failed): ask the peer
+                    # to announce its credit again (it does, at most every _ANNOUNCE_EVERY). Our
+                    # own acknowledgement and credit go with the question, as in every CREDIT.
+                    receiver = self._receiver
+                    self._bus.publish_soon(
+                        self._out, f.pack_credit(receiver.last_in_order, receiver.granted, f.ASK)
+                    )
 
     async def _publish(self, head: bytes, body: bytes | memoryview) -> None:
         if compat.publish_now(self._nc, self._out, head, body):
@@ -511,6 +554,9 @@ class NatsChannel:
             self._waiter.set_result(None)
 
     def _unroute(self) -> None:
+        if self._announce_handle is not None:
+            self._announce_handle.cancel()
+            self._announce_handle = None
         if self._probe_handle is not None:
             self._probe_handle.cancel()
             self._probe_handle = None

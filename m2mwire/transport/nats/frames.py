@@ -7,8 +7,9 @@ Every NATS message of a session starts with ``kind`` (1 byte) and ``seq`` (8 byt
   larger than a NATS message, followed by its total size (8 bytes); ``CONT`` a further chunk;
   ``CLOSE`` the channel's end, followed by a close code (2 bytes) and a UTF-8 reason.
 - unsequenced kinds (``seq`` is 0 unless said): ``CREDIT`` (``seq`` = the last sequenced message
-  received in order, then the credit limit, 8 bytes, and a flags byte, ``RESYNC`` asking the peer
-  to send again everything after ``seq``); ``PROBE`` (a liveness check, ignored by the receiver);
+  received in order, then the credit limit, 8 bytes, and a flags byte: ``RESYNC`` asks the peer
+  to send again everything after ``seq``, ``RESYNC`` or ``ASK`` to announce its credit again);
+  ``PROBE`` (a liveness check, ignored by the receiver);
   ``ABORT`` (the peer dropped the channel, followed like CLOSE by code and reason).
 """
 
@@ -18,6 +19,7 @@ import struct
 
 __all__ = [
     "ABORT",
+    "ASK",
     "BINARY",
     "BINARY_FIRST",
     "CLOSE",
@@ -39,7 +41,8 @@ __all__ = [
 TEXT, BINARY, TEXT_FIRST, BINARY_FIRST, CONT, CLOSE = 1, 2, 3, 4, 5, 6
 CREDIT, PROBE, ABORT = 16, 17, 18
 SEQUENCED = frozenset((TEXT, BINARY, TEXT_FIRST, BINARY_FIRST, CONT, CLOSE))
-RESYNC = 1  # CREDIT flag
+RESYNC = 1  # CREDIT flag: send again everything unacknowledged (and announce your credit)
+ASK = 2  # CREDIT flag: announce your credit again (a sender waiting for it long)
 
 HEADER = struct.Struct("!BQ")
 TOTAL = struct.Struct("!Q")
