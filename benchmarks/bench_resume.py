@@ -1,8 +1,10 @@
 """What resume costs when nothing fails, and what a cut costs (issue 14).
 
 1. Cost: RTT p50 (100 B echo) and one-way throughput of 1 KB and 64 KiB text, ``reconnect=True``
-   against no reconnect, same run, server in its own process (as users run it), interleaved
-   rounds, medians. Goal: <= 5 % slower.
+   against no reconnect, two sessions open side by side to a server in its own process (as users
+   run it); trials alternate in ABBA pairs, the ratio taken per pair, median of the ratios; with
+   the CPU time per message of this process and of the server process (the steady figure on a
+   shared machine). Goal: <= 5 % slower.
 2. Chaos: a TCP proxy (WebSocket) cuts connections mid-frame, or a UDP proxy (QUIC) blackholes
    the path, or a TCP proxy between the client and nats-server (NATS) cuts the client's NATS
    connection mid-frame (nats-py reconnects, the channel resends) and, at 7 points, refuses it for
@@ -14,8 +16,8 @@
    against the workload as it arrives, holding nothing, so the memory is the sessions' own.
    ``--full``: 10,000 messages each way of up to 1 MiB (``--count N`` for fewer).
 
-    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_resume.py [--full] [--count N] [--rounds 5]
-        [--only cost|chaos] [--scheme ws|quic|nats]
+    PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_resume.py [--full] [--count N] [--rounds 8]
+        [--only cost|chaos] [--scheme ws|quic|nats] [--metric rtt_us|1KB_msg_s|64KiB_MB_s] [--aa]
 """
 
 from __future__ import annotations
@@ -39,16 +41,20 @@ from tests.chaosproxy import TcpChaosProxy, UdpChaosProxy  # noqa: E402
 from tests.test_resume import IDENT, same, workload_items  # noqa: E402
 
 SERVER = """
-import asyncio, sys
+import asyncio, sys, time
 import m2mwire
 
 async def handler(session):
+    count = 0
     async for m in session:
         t = m.text or ""
         if t.startswith("rtt"):
             await session.send(t)
-        elif t == "done":
-            await session.send(f"got {session.stats.messages_received}")
+        elif t == "#cpu":  # messages counted since the last #cpu, and this process's CPU clock
+            await session.send(f"{count} {time.process_time()}")
+            count = 0
+        else:
+            count += 1
 
 async def main():
     url = sys.argv[1] + "://127.0.0.1:0"
@@ -60,36 +66,58 @@ async def main():
 asyncio.run(main())
 """
 
+# Messages per trial: each trial is long against the machine's drift but short enough for many
+# pairs; the 64 KiB trial carries 16x the default resume_buffer_bytes, so the retention buffer
+# fills, and the ACKs that release it are part of what is measured.
+RTT_N, KB1_N, KB64_N = 3000, 40000, 4000
+METRICS = ("rtt_us", "1KB_msg_s", "64KiB_MB_s")  # RTT p50 in us, msg/s, MB/s
 
-async def cost_round(url: str, fp: str, reconnect: bool) -> dict[str, float]:
-    opts: dict[str, Any] = {"algorithms": ["none"], "reconnect": reconnect or None}
-    if fp:
-        opts["fingerprint"] = fp
-    out: dict[str, float] = {}
-    async with m2mwire.connect(url, **opts) as s:
-        rtts = []
-        msg = "rtt" + "x" * 97
-        for _ in range(300):
-            t = time.perf_counter()
+
+async def _server_cpu(s: Any) -> tuple[int, float]:
+    """(messages the server counted since the last call, its process CPU clock in s)."""
+    await s.send("#cpu")
+    count, cpu = str((await s.recv()).text).split()
+    return int(count), float(cpu)
+
+
+async def cost_trial(s: Any, key: str) -> tuple[float, float, float]:
+    """One trial on an open session: (rate, client CPU s/msg, server CPU s/msg). RTT: p50 of
+    100 B echoes (a message each way); throughput: one-way messages, the last one answered."""
+    _, scpu0 = await _server_cpu(s)
+    ccpu0, t = time.process_time(), time.perf_counter()
+    if key == "rtt_us":
+        n, msg, rtts = RTT_N, "rtt" + "x" * 97, []
+        for _ in range(n):
+            t1 = time.perf_counter()
             await s.send(msg)
             await s.recv()
-            rtts.append(time.perf_counter() - t)
-        out["rtt_us"] = statistics.median(rtts) * 1e6
-        for label, size, count in (("1KB_msg_s", 1000, 20000), ("64KiB_MB_s", 65536, 1500)):
-            payload = "y" * size
-            t = time.perf_counter()
-            for _ in range(count):
-                await s.send(payload)
-            await s.send("done")
-            await s.recv()
-            dt = time.perf_counter() - t
-            out[label] = count / dt if size == 1000 else count * size / dt / 1e6
-    return out
+            rtts.append(time.perf_counter() - t1)
+        rate = statistics.median(rtts) * 1e6
+    else:
+        size, n = (1000, KB1_N) if key == "1KB_msg_s" else (65536, KB64_N)
+        payload = "y" * size
+        for _ in range(n):
+            await s.send(payload)
+    ccpu1, dt = time.process_time(), time.perf_counter() - t
+    got, scpu1 = await _server_cpu(s)  # also waits until the server has read every message
+    dt = time.perf_counter() - t
+    if key != "rtt_us":
+        assert got == n, f"server counted {got} of {n} messages"
+        rate = n / dt if key == "1KB_msg_s" else n * 65536 / dt / 1e6
+    return rate, (ccpu1 - ccpu0) / n, (scpu1 - scpu0) / n
 
 
-async def cost(rounds: int) -> None:
-    print("== cost of reconnect=True when nothing fails (server in its own process) ==")
-    for scheme in ("ws", "quic"):
+async def cost(rounds: int, schemes: tuple[str, ...], metrics: tuple[str, ...], aa: bool) -> None:
+    """Two sessions open side by side, one with reconnect=True: trials alternate off/on in ABBA
+    order, the ratio taken per pair (the machine's speed drifts within seconds), median of ratios.
+    CPU time per message, of this process and of the server's, is the steady figure on a shared
+    machine: the server reports its process_time at each trial's start and end. ``aa``: both
+    sessions without reconnect (an A/A run: what the method itself reads as a difference)."""
+    print(
+        f"== cost of reconnect=True when nothing fails: {rounds} ABBA pairs per metric, server in its "
+        f"own process; on/off = median of per-pair ratios; cpu = us per message (RTT: per round trip) =="
+    )
+    for scheme in schemes:
         proc = subprocess.Popen(
             [sys.executable, "-c", SERVER, scheme], stdout=subprocess.PIPE, text=True, cwd=ROOT
         )
@@ -97,15 +125,37 @@ async def cost(rounds: int) -> None:
             assert proc.stdout is not None
             port, _, fp = proc.stdout.readline().strip().partition(" ")
             url = f"{scheme}://127.0.0.1:{port}"
-            results: dict[bool, list[dict[str, float]]] = {False: [], True: []}
-            for _ in range(rounds):
-                for rec in (False, True):  # interleaved: drift hits both alike
-                    results[rec].append(await cost_round(url, fp, rec))
-            print(f"{scheme:5} {'metric':12} {'off':>10} {'on':>10} {'on/off':>7}")
-            for key in ("rtt_us", "1KB_msg_s", "64KiB_MB_s"):
-                off = statistics.median(r[key] for r in results[False])
-                on = statistics.median(r[key] for r in results[True])
-                print(f"{scheme:5} {key:12} {off:10.1f} {on:10.1f} {on / off:7.3f}")
+            base: dict[str, Any] = {"algorithms": ["none"]}
+            if fp:
+                base["fingerprint"] = fp
+            async with (
+                m2mwire.connect(url, **base) as off,
+                m2mwire.connect(url, reconnect=None if aa else True, **base) as on,
+            ):
+                print(
+                    f"{scheme:5} {'metric':11} {'off':>9} {'on':>9} {'on/off':>7}  "
+                    f"{'cli cpu off/on':>15} {'ratio':>6}  {'srv cpu off/on':>15} {'ratio':>6}"
+                )
+                for key in metrics:
+                    for s in (off, on):  # warm-up: fills the retention buffer once
+                        await cost_trial(s, key)
+                    pairs: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
+                    for i in range(rounds):
+                        order = (off, on) if i % 2 == 0 else (on, off)
+                        got = {id(s): await cost_trial(s, key) for s in order}
+                        pairs.append((got[id(off)], got[id(on)]))
+                    med = [
+                        [statistics.median(p[side][j] for p in pairs) for j in range(3)] for side in (0, 1)
+                    ]
+                    ratio = [statistics.median(p[1][j] / p[0][j] for p in pairs) for j in range(3)]
+                    # RTT is a time (higher is worse); the others rates: report "on is x slower" alike
+                    slower = ratio[0] if key == "rtt_us" else 1 / ratio[0]
+                    print(
+                        f"{scheme:5} {key:11} {med[0][0]:9.1f} {med[1][0]:9.1f} {slower:7.3f}  "
+                        f"{med[0][1] * 1e6:7.1f}/{med[1][1] * 1e6:<7.1f} {ratio[1]:6.3f}  "
+                        f"{med[0][2] * 1e6:7.1f}/{med[1][2] * 1e6:<7.1f} {ratio[2]:6.3f}",
+                        flush=True,
+                    )
         finally:
             proc.terminate()
             proc.wait()
@@ -327,15 +377,20 @@ async def main() -> None:
     )
     parser.add_argument("--full", action="store_true", help="10,000 messages each way of up to 1 MiB")
     parser.add_argument("--count", type=int, help="messages each way (default: 2,000; --full 10,000)")
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=8, help="cost: ABBA pairs per metric")
     parser.add_argument("--only", choices=("cost", "chaos"))
-    parser.add_argument("--scheme", choices=("ws", "quic", "nats"), help="chaos over this transport only")
+    parser.add_argument(
+        "--scheme", choices=("ws", "quic", "nats"), help="this transport only (cost: ws and quic only)"
+    )
+    parser.add_argument("--metric", choices=METRICS, help="cost: this metric only")
+    parser.add_argument("--aa", action="store_true", help="cost: both sessions without reconnect (A/A)")
     parser.add_argument(
         "--algorithms", default="", help="chaos: e.g. none (the workload's text compresses well by default)"
     )
     args = parser.parse_args()
-    if args.only != "chaos":
-        await cost(args.rounds)
+    if args.only != "chaos" and args.scheme != "nats":  # the cost run: WebSocket and QUIC
+        schemes = (args.scheme,) if args.scheme else ("ws", "quic")
+        await cost(args.rounds, schemes, (args.metric,) if args.metric else METRICS, args.aa)
     if args.only != "cost":
         print("== chaos: cuts (ws), blackholes (quic), cuts and outages (nats), messages both ways ==")
         count, max_size = (10_000, 1024 * 1024) if args.full else (2000, 64 * 1024)
