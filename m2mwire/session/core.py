@@ -380,6 +380,9 @@ class SessionProtocol:
         self.resume: ResumeState | None = None
         self.attached = True
         self._resuming = False  # client: the resuming HELLO is out, its ACCEPT not yet in
+        # attached and not _resuming: DATA goes on the wire now. A plain attribute, set wherever
+        # those two change, since every DATA message sent or received with resume reads it.
+        self._live = True
         self._resume_deadline: float | None = None
         self._resume_request: ResumeRequested | None = None  # server, fresh connection
 
@@ -1044,11 +1047,6 @@ class SessionProtocol:
     # -- resume (docs/PROTOCOL.md "Resume") ------------------------------------------------------
 
     @property
-    def _live(self) -> bool:
-        """DATA goes on the wire now (not detached, not waiting for a resume's ACCEPT)."""
-        return self.attached and not self._resuming
-
-    @property
     def detached(self) -> bool:
         """Established, but without a usable connection: waiting to be resumed."""
         return self.state is _ESTABLISHED and not self._live
@@ -1088,7 +1086,7 @@ class SessionProtocol:
             raise ProtocolError(
                 "attach() needs a detached session that negotiated resume", code=SessionCode.INVALID_STATE
             )
-        self.attached = True
+        self.attached = self._live = True
         self._resume_deadline = None
         accept = self._own_capabilities()
         accept.resume = ResumeCaps(buffer=self.config.resume_buffer_bytes, received=self.resume.take_ack())
@@ -1105,6 +1103,7 @@ class SessionProtocol:
             )
         self.attached = True
         self._resuming = True
+        self._live = False  # until the ACCEPT: DATA sent meanwhile is retained only
         caps = self._own_capabilities()
         caps.resume = ResumeCaps(
             buffer=self.config.resume_buffer_bytes,
@@ -1142,6 +1141,7 @@ class SessionProtocol:
             self._finish(Closed(SessionCode.RESUME_UNKNOWN, str(err), by_peer=True, error=err), CLOSE_NORMAL)
             return
         self._resuming = False
+        self._live = True
         self._hello_deadline = None
         self._replay(granted.received, now)
 
@@ -1175,7 +1175,7 @@ class SessionProtocol:
         self.reset_codec_state()
 
     def _detach(self, reason: str, now: float) -> None:
-        self.attached = False
+        self.attached = self._live = False
         self._resuming = False
         self._hello_deadline = self._pong_deadline = self._ping_sent_at = None
         self._missed_pongs = 0
@@ -1188,22 +1188,22 @@ class SessionProtocol:
     def _queue_data(self, out: SendMessage, zstd: ZstdMessage | None = None) -> None:
         """Queue a DATA message; with resume, retain it (``zstd``: in the form to compress again)."""
         r = self.resume
-        if r is None:
-            self._queue_output(out)
-            return
-        if zstd is not None:
-            r.on_sent(zstd, zstd.size)
-            if self._live:
-                self._queue_output(out)
-            return
-        message = out.message
-        if type(message) is not bytes and any(type(part) is not bytes for part in message):
-            # Retained past this call: a caller's bytearray or view may change after send().
-            message = tuple(bytes(part) for part in message)
-            out = SendMessage(message)
-        r.on_sent(message, message_size(message))
-        if self._live:
-            self._queue_output(out)
+        if r is not None:
+            message = out.message
+            if zstd is not None:
+                r.on_sent(zstd, zstd.size)
+            elif type(message) is bytes:  # text: the envelope itself, kept by reference
+                r.on_sent(message, len(message))
+            else:
+                if any(type(part) is not bytes for part in message):
+                    # Retained past this call: a caller's bytearray or view may change after send().
+                    message = tuple(bytes(part) for part in message)
+                    out = SendMessage(message)
+                r.on_sent(message, message_size(message))
+            if not self._live:
+                return  # retained only: sent on resume
+        self._outputs.append(out)
+        self.outputs_total += 1
 
     def _count_received(self, size: int, message: Message | None = None) -> None:
         r = self.resume

@@ -8,10 +8,18 @@ count *is* the number of the last message it got. An acknowledgement is that cou
 
 The sender keeps every DATA message it sent until the peer acknowledges it, bounded in bytes by
 ``buffer_bytes`` (the shell makes ``send()`` wait while the buffer is full). The receiver
-acknowledges once a quarter of the *peer's* announced buffer, or ``ACK_EVERY`` messages, arrived
+acknowledges once half of the *peer's* announced buffer, or ``ACK_EVERY`` messages, arrived
 since its last ACK: so a sender blocked on a full buffer always gets an ACK once the peer has read
-what it sent (a full buffer holds at least ``buffer`` bytes, more than the quarter), and ACKs cost
+what it sent (a full buffer holds at least ``buffer`` bytes, more than the half), and ACKs cost
 at most one small message per ``ACK_EVERY`` DATA messages.
+
+Why half and 1024, not less: an ACK costs each end a message of its own (a write, a read, a turn of
+each event loop), about what 10-20 small DATA messages cost, so ACKing every 64 messages or quarter
+buffer made ``reconnect=True`` ~10 % slower when nothing fails (benchmarks/bench_resume.py, cost).
+Half leaves the sender half its buffer to keep sending while the ACK travels; 1024 messages bound
+how many small messages are retained (and retransmitted on a resume) when bytes alone would not.
+Any threshold up to the whole buffer keeps the guarantee above, so peers that ACK more often (older
+versions: 64 messages or a quarter) and peers that do not interoperate either way.
 
 Sizes are counted the same way on both ends: a text message by its UTF-8 bytes (what the channel
 carries; identical to its characters for the usual ASCII envelope), a binary message by its bytes;
@@ -19,7 +27,7 @@ a zstd-context message counts
 decompressed (a binary one: envelope line + content; the text form: its envelope with the content
 in place of the ``#ZS|`` string). It is retained uncompressed (a
 :class:`~m2mwire.session.zstdstate.ZstdMessage`, compressed again after a resume), so the bound
-holds on what retention keeps in memory, and the receiver's count still reaches a quarter of the
+holds on what retention keeps in memory, and the receiver's count still reaches half of the
 sender's buffer when that buffer is full.
 """
 
@@ -39,7 +47,7 @@ from m2mwire.session.zstdstate import ZstdMessage
 __all__ = ["ACK_EVERY", "DEFAULT_RESUME_BUFFER", "ResumeState", "message_size", "new_token"]
 
 DEFAULT_RESUME_BUFFER = 16 * MiB
-ACK_EVERY = 64  # DATA messages received before an ACK is due, whatever their size
+ACK_EVERY = 1024  # DATA messages received before an ACK is due, whatever their size
 _TOKEN_BYTES = 32  # 256 bits of secret: a session id alone never resumes a session
 
 # A text message's UTF-8 bytes, a binary message's buffers, or a zstd message to compress again.
@@ -60,62 +68,76 @@ def message_size(message: RetainedMessage) -> int:
 
 
 class ResumeState:
-    """Counters and retained messages of one session that negotiated ``resume``."""
+    """Counters and retained messages of one session that negotiated ``resume``.
+
+    Kept to a few attribute updates per message (it runs for every DATA message both ways): the
+    retention deque holds the messages themselves (the encoded bytes by reference, no copy and no
+    per-message tuple), their sizes are taken again when an ACK releases them, ``sent`` follows
+    from the acknowledged count and what is retained, and ``full`` is kept as a plain attribute
+    for the shell's check before every send.
+    """
 
     __slots__ = (
+        "_acked_received",
         "_retained",
         "_unacked_bytes",
-        "_unacked_count",
         "ack_bytes",
         "acked",
         "buffer_bytes",
+        "full",
         "received",
         "retained_bytes",
-        "sent",
         "token",
     )
 
     def __init__(self, buffer_bytes: int, peer_buffer: int, token: str) -> None:
         self.buffer_bytes = buffer_bytes
-        # ACK once a quarter of the peer's buffer arrived unacknowledged (at least 1 byte: a peer
+        # ACK once half of the peer's buffer arrived unacknowledged (at least 1 byte: a peer
         # announcing 0 gets an ACK per ACK_EVERY messages or per message over 0 bytes).
-        self.ack_bytes = max(1, peer_buffer // 4)
+        self.ack_bytes = max(1, peer_buffer // 2)
         self.token = token
-        self.sent = 0  # DATA messages sent: the sequence number of the last one
         self.received = 0  # DATA messages received: what our ACKs carry
         self.acked = 0  # the peer's latest cumulative acknowledgement
-        self._retained: deque[tuple[RetainedMessage, int]] = deque()  # seq acked+1 .. sent
+        self._retained: deque[RetainedMessage] = deque()  # seq acked+1 .. sent
         self.retained_bytes = 0
-        self._unacked_count = 0  # received since our last ACK
-        self._unacked_bytes = 0
+        self.full = False  # retained_bytes >= buffer_bytes: the next send() must wait
+        self._acked_received = 0  # ``received`` as our last ACK carried it
+        self._unacked_bytes = 0  # received since our last ACK
 
     # -- sending ----------------------------------------------------------------------------------
 
     @property
-    def full(self) -> bool:
-        """The retention buffer holds ``buffer_bytes`` or more: the next send() must wait."""
-        return self.retained_bytes >= self.buffer_bytes
+    def sent(self) -> int:
+        """DATA messages sent: the sequence number of the last one."""
+        return self.acked + len(self._retained)
 
     def on_sent(self, message: RetainedMessage, size: int) -> None:
-        """One DATA message was queued: number it and keep it until acknowledged."""
-        self.sent += 1
-        self._retained.append((message, size))
-        self.retained_bytes += size
+        """One DATA message was queued: number it and keep it until acknowledged. ``size`` is
+        :func:`message_size` of it (the caller often has it at hand)."""
+        self._retained.append(message)
+        retained = self.retained_bytes + size
+        self.retained_bytes = retained
+        self.full = retained >= self.buffer_bytes
 
     def on_ack(self, received: int) -> int:
         """The peer acknowledged ``received`` messages; returns how many this released."""
-        if received > self.sent:
+        released = received - self.acked
+        if released <= 0:
+            return 0
+        retained = self._retained
+        if released > len(retained):
             raise ProtocolError(
                 f"ACK for {received} DATA messages, but only {self.sent} were sent",
                 code=SessionCode.INVALID_ACK,
             )
-        released = 0
-        retained = self._retained
-        while self.acked < received:
-            _, size = retained.popleft()
-            self.retained_bytes -= size
-            self.acked += 1
-            released += 1
+        freed = 0
+        popleft = retained.popleft
+        for _ in range(released):
+            message = popleft()
+            freed += len(message) if type(message) is bytes else message_size(message)
+        self.acked = received
+        self.retained_bytes -= freed
+        self.full = self.retained_bytes >= self.buffer_bytes
         return released
 
     def replay(self, peer_received: int) -> Iterator[RetainedMessage]:
@@ -127,24 +149,26 @@ class ResumeState:
                 code=SessionCode.INVALID_ACK,
             )
         self.on_ack(peer_received)
-        return (message for message, _ in list(self._retained))
+        return iter(list(self._retained))
 
     # -- receiving --------------------------------------------------------------------------------
 
     def on_received(self, size: int) -> bool:
         """One DATA message arrived; returns True when an ACK is due."""
-        self.received += 1
-        self._unacked_count += 1
-        self._unacked_bytes += size
-        return self._unacked_count >= ACK_EVERY or self._unacked_bytes >= self.ack_bytes
+        received = self.received + 1
+        self.received = received
+        unacked = self._unacked_bytes + size
+        self._unacked_bytes = unacked
+        return unacked >= self.ack_bytes or received - self._acked_received >= ACK_EVERY
 
     @property
     def ack_pending(self) -> bool:
-        return self._unacked_count > 0
+        return self.received != self._acked_received
 
     def take_ack(self) -> int:
         """The count to put in an ACK (or a resume handshake) now; resets the ACK triggers."""
-        self._unacked_count = self._unacked_bytes = 0
+        self._unacked_bytes = 0
+        self._acked_received = self.received
         return self.received
 
     def token_matches(self, token: str | None) -> bool:
