@@ -37,7 +37,7 @@ _LAZY = {
     "Session": "m2mwire.api",
     "Server": "m2mwire.api",
     "open_quic_connection": "m2mwire.api",
-    "gateway": "m2mwire.gateway",
+    "gateway": "m2mwire.shell.gateway",
     "Message": "m2mwire.session.core",
     "JsonValue": "m2mwire.codecs.jsonutil",
     "Hello": "m2mwire.admission",
@@ -85,13 +85,13 @@ if TYPE_CHECKING:
     from m2mwire.codecs import decompress_binary as decompress_binary
     from m2mwire.codecs.jsonutil import JsonValue as JsonValue
     from m2mwire.codecs.zstdcontext import ZstdDictionary as ZstdDictionary
-    from m2mwire.gateway import gateway as gateway
     from m2mwire.reconnect import Reconnect as Reconnect
     from m2mwire.schemas.identity import ModelIdentity as ModelIdentity
     from m2mwire.session.config import Timers as Timers
     from m2mwire.session.config import ZstdOptions as ZstdOptions
     from m2mwire.session.core import Message as Message
     from m2mwire.session.core import SessionInfo as SessionInfo
+    from m2mwire.shell.gateway import gateway as gateway
 
 
 def __getattr__(name: str) -> Any:

@@ -263,7 +263,7 @@ def _cmd_serve_workers(args: argparse.Namespace) -> int:
 
 
 def _cmd_gateway(args: argparse.Namespace) -> int:
-    from m2mwire.gateway import gateway
+    from m2mwire.shell.gateway import gateway
 
     async def run() -> None:
         options: dict[str, Any] = {}

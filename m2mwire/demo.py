@@ -307,7 +307,7 @@ def main() -> None:
 
 async def run_nats_demo() -> None:
     """The same session over NATS (a throwaway nats-server on loopback), then through a gateway."""
-    from m2mwire.gateway import gateway
+    from m2mwire.shell.gateway import gateway
     from m2mwire.transport.nats.local import LocalNatsServer, find_nats_server
 
     try:

@@ -16,13 +16,13 @@ from websockets.exceptions import ConnectionClosed
 import m2mwire
 from m2mwire.api import Session
 from m2mwire.errors import SessionClosed
-from m2mwire.resume_routes import ResumeRoutes
+from m2mwire.shell.resume_routes import ResumeRoutes
 from m2mwire.transport.nats.local import LocalNatsServer
 from tests.chaosproxy import TcpChaosProxy
 from tests.test_resume import FAST, IDENT, check_exactly_once_in_order, exchange, workload
 
-if TYPE_CHECKING:  # not at run time: importing the module would hide m2mwire.gateway()
-    from m2mwire.gateway import Gateway
+if TYPE_CHECKING:
+    from m2mwire.shell.gateway import Gateway
 
 
 async def echo(session: Session) -> None:

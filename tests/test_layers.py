@@ -215,4 +215,4 @@ def test_the_checker_sees_every_kind_of_import() -> None:
     # `from m2mwire import tracing` is the submodule, not the package
     assert ("m2mwire.shell.session", "m2mwire.tracing", True) in found
     assert strongly_connected({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"]]
-    assert layer("m2mwire.transport.nats.bus") == 4 and layer("m2mwire.gateway") == 5
+    assert layer("m2mwire.transport.nats.bus") == 4 and layer("m2mwire.shell.gateway") == 5

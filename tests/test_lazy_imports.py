@@ -88,3 +88,24 @@ def test_default_session_loads_only_what_it_negotiated() -> None:
     report = run(None)
     assert {"tokennative", "zstd"} <= set(report["algorithms"]), report
     assert report["round_trip"] == ["tiktoken", "zstandard"], report
+
+
+def test_importing_a_module_never_hides_a_lazy_export() -> None:
+    """Importing a submodule sets it as an attribute of its package, so a module named like one
+    of m2mwire's lazy exports (``m2mwire/gateway.py`` was) replaced ``m2mwire.gateway()`` with
+    the module once anything imported it: ``m2mwire.gateway(...)`` then raised "'module' object
+    is not callable" in user code, depending on import order."""
+    import pkgutil
+
+    import m2mwire
+
+    top_level = {info.name for info in pkgutil.iter_modules(m2mwire.__path__)}
+    clash = sorted(top_level & set(m2mwire.__all__))
+    assert not clash, f"modules named like lazy exports of m2mwire: {clash}"
+    code = (
+        "import importlib, m2mwire\n"
+        "for name in ('m2mwire.shell.gateway', 'm2mwire.cli', 'm2mwire.demo'):\n"
+        "    importlib.import_module(name)\n"
+        "assert callable(m2mwire.gateway) and callable(m2mwire.connect), type(m2mwire.gateway)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

@@ -10,7 +10,7 @@ Resuming through the gateway: a NATS client resumes a session on the worker that
 channel's resume route, docs/PROTOCOL.md §5a "Resuming"), but a WebSocket/QUIC client only knows
 the gateway's URL. So the gateway reads two messages of each relay, the client's first (HELLO) and
 the worker's first (ACCEPT), and remembers which worker accepted each resumable session
-(:class:`~m2mwire.resume_routes.ResumeRoutes`); a new connection whose HELLO resumes a session
+(:class:`~m2mwire.shell.resume_routes.ResumeRoutes`); a new connection whose HELLO resumes a session
 it remembers is opened to that worker. The token is still checked by the worker, end to end.
 """
 
@@ -27,9 +27,9 @@ from m2mwire.codecs.limits import MiB
 from m2mwire.errors import M2MError, ResumeImpossible, TransportError
 from m2mwire.lifecycle import Listening
 from m2mwire.options import parse_url
-from m2mwire.resume_routes import DEFAULT_RESUME_WINDOW, ResumeRoutes
 from m2mwire.schemas.messages import Capabilities, Decoded, MessageType, ResumeCaps, decode_message
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, Timers
+from m2mwire.shell.resume_routes import DEFAULT_RESUME_WINDOW, ResumeRoutes
 from m2mwire.transport import registry
 from m2mwire.transport.base import Channel, Listener, Message, RoutedChannel, TransportConfig
 from m2mwire.transport.nats.options import NATS_OPTIONS
