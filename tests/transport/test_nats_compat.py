@@ -92,6 +92,13 @@ def protocol_stream() -> bytes:
             parts.append(b"MSG s.y 9 4\r\nlost\r\n")
         if i == 7:
             parts += [b"PONG\r\n", b"-ERR 'Permissions Violation for Publish'\r\n"]
+    # runs of small routed messages (DirectParser's fast path), and lines of another shape that
+    # nats-py's pattern accepts too (other whitespace, two spaces): the general path's
+    for i in range(20):
+        reply = b" _INBOX.%d" % i if i % 4 == 1 else b""
+        parts.append(b"MSG r.%d %d%s %d\r\n%s\r\n" % (i, DIRECT_SID, reply, i, rng.randbytes(i)))
+    parts += [b"MSG\tw.1 1 3\r\nabc\r\n", b"MSG w.2  1  2\r\nde\r\n", b"MSG w.3 1 _I\t4\r\nfghi\r\n"]
+    parts.append(b"MSG w.4 %d 1\r\nz\r\n" % GENERAL_SID)
     return b"".join(parts)
 
 
@@ -122,7 +129,7 @@ async def test_direct_parser_hands_on_what_nats_py_parser_does_wherever_reads_ar
     assert direct.events == [e for e in general.events if not is_routed(e)]
     # and the routed subscription's messages the same, in order (the reply is not needed there)
     assert routed == [e[:3] + e[4:5] for e in general.events if is_routed(e)]
-    assert len(routed) == 6 and direct.stats["in_msgs"] == 6
+    assert len(routed) == 6 + 20 + 3 and direct.stats["in_msgs"] == len(routed)
     assert parser.state == nats_parser.AWAITING_CONTROL_LINE and not parser.buf
 
 
@@ -221,3 +228,98 @@ async def test_a_route_that_fails_leaves_the_read_loop_running(nats_server: Loca
         assert nc.is_connected
     finally:
         await nc.close()
+
+
+async def test_a_big_payload_goes_from_the_socket_straight_into_its_own_buffer(
+    nats_server: LocalNatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The StreamReader copies each read twice (into its buffer, out for read()); while a big
+    payload is incomplete, the reads skip it and go straight into the payload's buffer. Payloads
+    arrive whole and in order, among small messages, whatever the reads' cuts."""
+    fed = [0]
+    general_feed = asyncio.StreamReader.feed_data
+
+    def counting_feed(self: asyncio.StreamReader, data: bytes) -> None:
+        fed[0] += len(data)
+        general_feed(self, data)
+
+    monkeypatch.setattr(asyncio.StreamReader, "feed_data", counting_feed)
+    subject = f"t.{uuid.uuid4().hex}"
+    nc = await direct_client(nats_server)
+    sender = await nats.connect(nats_server.url)
+    routed: list[bytes] = []
+    done = asyncio.Event()
+
+    def route(_subject: bytes, data: bytes | bytearray) -> None:
+        routed.append(bytes(data))
+        if data == b"end":
+            done.set()
+
+    async def never(_msg: Msg) -> None:
+        raise AssertionError("a routed subscription's message took the callback")
+
+    sub = await nc.subscribe(subject, cb=never)
+    compat.route_directly(nc, sub, route)
+    await nc.flush()
+    rng = random.Random(5)
+    expected = []
+    for i in range(12):
+        expected.append(rng.randbytes((1 << 20) - 100 if i % 3 == 0 else rng.choice((10, 70_000, 300_000))))
+    expected.append(b"end")
+    try:
+        fed[0] = 0
+        for data in expected:
+            await sender.publish(subject, data)
+        await asyncio.wait_for(done.wait(), 20)
+        assert routed == expected
+        total = sum(map(len, expected))
+        # nats-py's reads of the big payloads bypass the StreamReader's buffer: on the old code
+        # every byte went through it
+        assert fed[0] < total / 2, (fed[0], total)
+        assert nc.is_connected and "feed_data" not in vars(nc._transport._io_reader)  # unhooked
+    finally:
+        await nc.close()
+        await sender.close()
+
+
+async def test_publish_now_writes_a_big_body_beside_its_header_and_in_order(
+    nats_server: LocalNatsServer,
+) -> None:
+    """Differential, for bodies written with os.writev (the rest, where the socket took only part,
+    through the transport): the same messages as nats-py's publish, in order; and the body is not
+    joined to its header (on the old code: a copy of the body, allocated per message)."""
+    subject = f"t.{uuid.uuid4().hex}"
+    listener = await nats.connect(nats_server.url)
+    got: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def collect(msg: Msg) -> None:
+        got.put_nowait(msg.data)
+
+    await listener.subscribe(subject, cb=collect)
+    await listener.flush()
+    nc = await direct_client(nats_server)
+    rng = random.Random(9)
+    try:
+        await nc.flush()
+        body = rng.randbytes(128 * 1024)
+        tracemalloc.start()
+        try:
+            assert compat.publish_now(nc, subject, b"h", body)
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        assert peak < len(body) / 2, peak
+        expected = [b"h" + body]
+        for i in range(10):
+            head = b"h%d:" % i
+            body = rng.randbytes(rng.choice((compat.WRITEV_BODY, 200_000, (1 << 20) - 100)))
+            assert compat.publish_now(nc, subject, head, memoryview(body))
+            await nc.publish(subject, b"general %d" % i)  # queued behind it, while it may wait
+            expected += [head + body, b"general %d" % i]
+            if i % 2:
+                await asyncio.sleep(0)
+        received = [await asyncio.wait_for(got.get(), 10) for _ in expected]
+        assert received == expected
+    finally:
+        await nc.close()
+        await listener.close()

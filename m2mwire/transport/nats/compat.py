@@ -16,6 +16,12 @@ Importing this module with another version, or with one of the fields used missi
   its task (one event-loop turn per batch, and the task's await per message); and a large payload
   that spans several socket reads is read straight into a buffer of its own, which the function
   receives (nats-py copies it three times). Everything else is parsed and dispatched as nats-py does.
+- The connection's ``asyncio.StreamReader`` (stdlib internals, checked here too): while the
+  DirectParser waits for the rest of a big payload and the reader holds nothing, its ``feed_data``
+  copies each socket read straight into the payload's buffer (:meth:`DirectParser._feed`). The
+  StreamReader would copy every read twice (into its buffer, and out of it for ``read()``).
+- :func:`publish_now` writes a large body with ``os.writev`` on the connection's socket, beside
+  our header, where asyncio's transport (Python 3.11: ``writelines`` joins) would need them joined.
 - :data:`READ_SIZE`: nats-py reads its socket through an ``asyncio.StreamReader`` whose limit and
   read size are the module constant ``DEFAULT_BUFFER_SIZE`` (32 KiB): the reader stops reading the
   socket at 64 KiB buffered, so a 1 MiB message took 32 reads and 16 pauses and resumes of the
@@ -28,7 +34,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable
+import os
+from collections.abc import Callable, Sequence
 from typing import cast
 
 import nats.aio.client as nats_client
@@ -58,6 +65,7 @@ __all__ = [
     "BIG_PAYLOAD",
     "READ_SIZE",
     "VERIFIED_MINOR",
+    "WRITEV_BODY",
     "DirectParser",
     "Route",
     "check_attributes",
@@ -79,9 +87,19 @@ check_version = PIN.check_version
 READ_SIZE = 1024 * 1024
 # A payload at least this large that has not fully arrived goes into a buffer of its own.
 BIG_PAYLOAD = 64 * 1024
+# A body at least this large goes to the socket beside its header (os.writev), not joined to it.
+WRITEV_BODY = 16 * 1024
 
 # (subject, payload): a routed message; a bytearray payload is handed over (nobody else holds it).
 Route = Callable[[bytes, bytes | bytearray], None]
+
+
+def _stream_reader() -> asyncio.StreamReader:
+    loop = asyncio.new_event_loop()  # a StreamReader made outside a loop needs one (not run)
+    try:
+        return asyncio.StreamReader(loop=loop)
+    finally:
+        loop.close()
 
 
 def required_attributes() -> list[tuple[str, object, tuple[str, ...]]]:
@@ -118,7 +136,8 @@ def required_attributes() -> list[tuple[str, object, tuple[str, ...]]]:
         ),
         ("nats.aio.client", nats_client, ("DEFAULT_BUFFER_SIZE",)),
         ("a nats.aio.subscription.Subscription", Subscription(None), ("_id",)),
-        ("a nats.aio.transport.TcpTransport", TcpTransport(), ("_io_writer",)),  # type: ignore[no-untyped-call]
+        ("a nats.aio.transport.TcpTransport", TcpTransport(), ("_io_writer", "_io_reader")),  # type: ignore[no-untyped-call]
+        ("an asyncio.StreamReader", _stream_reader(), ("_buffer", "_eof", "_wakeup_waiter", "feed_data")),
         ("a nats.protocol.parser.Parser", Parser(), ("buf", "state", "needed", "header_needed", "msg_arg")),
         ("nats.protocol.parser", nats_parser, ("MSG_RE", "HMSG_RE", "CRLF_SIZE")),
     ]
@@ -156,7 +175,10 @@ def publish_now(nc: Client, subject: str, head: bytes, body: bytes | memoryview 
     stats["out_msgs"] += 1
     stats["out_bytes"] += payload_size
     if _write_now(nc):
-        nc._transport.write(b"".join((line, head, body, b"\r\n")))  # type: ignore[union-attr]
+        if len(body) >= WRITEV_BODY:
+            _write_parts(nc, (line + head, body, b"\r\n"))
+        else:
+            nc._transport.write(b"".join((line, head, body, b"\r\n")))  # type: ignore[union-attr]
         return True
     # The flusher hands the list to the transport's writelines(), which takes any bytes-like
     # object: a memoryview body is written without a copy of its own.
@@ -193,6 +215,32 @@ def _write_now(nc: Client) -> bool:
     return True
 
 
+def _write_parts(nc: Client, parts: Sequence[bytes | memoryview]) -> None:
+    """Write ``parts`` to the socket in one ``writev`` call, and what it did not take through the
+    transport (which buffers it and writes it when the socket is ready).
+
+    Only after :func:`_write_now` said yes: the transport's write buffer is empty, so nothing
+    written before would be overtaken. asyncio's own ``writelines`` (Python 3.11) joins the parts:
+    a copy of the body, and for a 1 MiB body a fresh 1 MiB allocation, which costs more than the
+    copy (the pages are new each time). Any error is left to the transport to meet and report as
+    it does: we then hand it everything.
+    """
+    transport = nc._transport._io_writer.transport  # type: ignore[union-attr]
+    sent = 0
+    if not transport.is_closing():
+        try:
+            sent = os.writev(transport.get_extra_info("socket").fileno(), parts)
+        except OSError:  # BlockingIOError (nothing taken) or an error the transport will report
+            sent = 0
+    for part in parts:
+        size = len(part)
+        if sent >= size:
+            sent -= size
+            continue
+        transport.write(memoryview(part)[sent:] if sent else part)
+        sent = 0
+
+
 def install_parser(nc: Client) -> DirectParser:
     """Give a new (not yet connected) client the :class:`DirectParser`."""
     parser = DirectParser(nc)
@@ -226,6 +274,7 @@ class DirectParser(Parser):
         self.wrote_this_turn = False  # see _write_now (the client's per-connection state lives here)
         self._big: bytearray | None = None  # the payload being read into a buffer of its own
         self._filled = 0
+        self._hooked: asyncio.StreamReader | None = None  # feeding _big directly (see _feed)
         super().__init__(nc)
 
     def end_turn(self) -> None:
@@ -233,8 +282,55 @@ class DirectParser(Parser):
 
     def reset(self) -> None:
         super().reset()
+        self._unhook()
         self._big = None
         self._filled = 0
+
+    def _hook(self) -> None:
+        """Have the connection's StreamReader give its reads to :meth:`_feed` while the big payload
+        is incomplete (plain TCP connections: a TLS or websocket transport reads as before)."""
+        transport = getattr(self.nc, "_transport", None)
+        if type(transport) is not TcpTransport:
+            return
+        reader = transport._io_reader
+        if type(reader) is not asyncio.StreamReader or reader._buffer:  # type: ignore[attr-defined]
+            return  # reads queued ahead of the payload's rest: they come through parse()
+        self._hooked = reader
+        reader.feed_data = self._feed  # type: ignore[method-assign, assignment]
+
+    def _unhook(self) -> None:
+        reader, self._hooked = self._hooked, None
+        if reader is not None:
+            vars(reader).pop("feed_data", None)  # the class's feed_data again
+
+    def _feed(self, data: bytes) -> None:
+        """The StreamReader's ``feed_data`` while hooked: copy a socket read straight into the big
+        payload (one copy instead of three: into the reader's buffer, out of it, into ours).
+
+        Called by the transport's protocol, between two turns of the read loop, which waits in
+        ``read()`` with nothing buffered (the hook is undone as soon as anything else would be
+        buffered, so reads stay in order). Once the payload is complete, what follows it is fed
+        to the reader as usual, and the read loop woken: its next parse() (of what follows, or
+        of nothing) dispatches the payload first (:meth:`_fill`, with nothing left to take).
+        """
+        reader = self._hooked
+        big = self._big
+        assert reader is not None
+        if big is None or reader._buffer or reader._eof:  # type: ignore[attr-defined]
+            self._unhook()
+            reader.feed_data(data)
+            return
+        filled = self._filled
+        take = min(len(big) - filled, len(data))
+        big[filled : filled + take] = memoryview(data)[:take]
+        self._filled = filled + take
+        if self._filled < len(big):
+            return
+        self._unhook()
+        if take < len(data):
+            reader.feed_data(memoryview(data)[take:])  # wakes the read loop
+        else:
+            reader._wakeup_waiter()  # type: ignore[attr-defined]  # read() returns b"": parse() dispatches the payload
 
     async def parse(self, data: bytes = b"") -> None:
         if self._big is not None:
@@ -248,6 +344,8 @@ class DirectParser(Parser):
         nc = self.nc
         while buf:
             if self.state == AWAITING_CONTROL_LINE:
+                if buf.startswith(b"MSG ") and self._route_run(buf):
+                    continue
                 msg = MSG_RE.match(buf)
                 if msg:
                     self._start_payload(msg.groups(), False)
@@ -259,6 +357,7 @@ class DirectParser(Parser):
                         self._filled = len(buf)
                         big[: len(buf)] = buf
                         buf.clear()
+                        self._hook()
                         return
                     continue
                 msg = HMSG_RE.match(buf)
@@ -310,6 +409,50 @@ class DirectParser(Parser):
             del buf[: needed + CRLF_SIZE]
             self.state = AWAITING_CONTROL_LINE
             await self._dispatch(payload, hdr)
+
+    def _route_run(self, buf: bytearray) -> bool:
+        """Hand on the routed messages at the head of ``buf`` that are there whole; True if any.
+
+        The fast path for small messages: per message, a split of the control line instead of the
+        regular expression, the state machine and an awaited dispatch, and the payload sliced out
+        (one copy, a bytearray handed over) with one deletion from ``buf`` for the whole run. Only
+        the lines nats-server writes (``MSG <subject> <sid> [<reply>] <size>``, single spaces, no
+        other whitespace) of a routed subscription take it; on anything else it stops, and the
+        general path goes on from there, so the order of messages is kept. ``parse`` and this
+        read the same stream the same way (tests/transport/test_nats_compat.py, cut at random).
+        """
+        direct, subs, stats = self.direct, self.nc._subs, self.nc.stats
+        size = len(buf)
+        pos = 0
+        while buf.startswith(b"MSG ", pos):
+            end = buf.find(b"\r\n", pos + 4)
+            if end < 0:
+                break
+            line = bytes(buf[pos + 4 : end])
+            parts = line.split(b" ")
+            if not 3 <= len(parts) <= 4 or len(line.split()) != len(parts):
+                break  # other whitespace, or not our shape: the regular expression decides
+            sid_text, needed_text = parts[1], parts[-1]
+            if not (sid_text.isdigit() and needed_text.isdigit()):
+                break
+            sid = int(sid_text)
+            route = direct.get(sid)
+            start = end + CRLF_SIZE
+            stop = start + int(needed_text)
+            if route is None or sid not in subs or stop + CRLF_SIZE > size:
+                break  # another subscription's, or not all here: the general path
+            payload = buf[start:stop]
+            pos = stop + CRLF_SIZE
+            stats["in_msgs"] += 1
+            stats["in_bytes"] += stop - start
+            try:
+                route(parts[0], payload)
+            except Exception:  # as in _dispatch
+                log.exception("routing a NATS message on %r failed", parts[0])
+        if not pos:
+            return False
+        del buf[:pos]
+        return True
 
     def _start_payload(self, groups: tuple[bytes, ...], headers: bool) -> None:
         try:
