@@ -41,6 +41,8 @@ _ASK_CREDIT_AFTER = 1.0  # seconds a send waits for credit before asking the pee
 _MISSED_PROBES = 3  # "no responders" answers in a row that mean the peer is gone
 _CLOSE_COST = 600  # a CLOSE frame's cost against credit (its reason is cut at 512 bytes)
 _HEAD = f.HEADER.size
+_SEQUENCED = f.SEQUENCED
+_unpack_head = f.HEADER.unpack_from
 _FIRST_HEAD = _HEAD + f.TOTAL.size
 
 
@@ -90,7 +92,7 @@ class NatsChannel:
         self._probe_interval = probe_interval
         self._probe_handle: asyncio.TimerHandle | None = None
         self._missed_probes = 0
-        self._heard = self._loop.time()
+        self._heard = False  # anything heard from the peer since the last liveness tick
         self.owns_bus = False  # a client channel holds its own reference to the shared connection
         self.resume_route: str | None = None  # client: the worker's own subject (RoutedChannel)
         self._resender: asyncio.Task[None] | None = None  # resending after a reconnect or a gap
@@ -223,11 +225,13 @@ class NatsChannel:
         """One NATS message of this channel; a bytearray is handed over (the caller keeps none)."""
         if self.lost is not None or not data:
             return
-        self._heard = self._loop.time()
+        self._heard = True
         self._missed_probes = 0
         kind = data[0]
         try:
-            if kind == f.CREDIT:
+            if kind in _SEQUENCED:  # first: nearly every message is one
+                verdict = self._receiver.check(_unpack_head(data)[1])
+            elif kind == f.CREDIT:
                 ack, limit, flags = f.unpack_credit(data)
                 grew = self._sender.on_credit(ack, limit)
                 if flags & f.RESYNC:
@@ -237,9 +241,9 @@ class NatsChannel:
                 if grew:
                     self._wake_sender()
                 return
-            if kind == f.PROBE:
+            elif kind == f.PROBE:
                 return
-            if kind == f.ABORT:
+            elif kind == f.ABORT:
                 code, reason = f.unpack_close(data)
                 self._fail(
                     TransportError(
@@ -250,9 +254,8 @@ class NatsChannel:
                     )
                 )
                 return
-            if kind not in f.SEQUENCED:
+            else:
                 raise ValueError(f"unknown frame kind {kind}")
-            verdict = self._receiver.check(f.HEADER.unpack_from(data)[1])
         except (ValueError, IndexError, UnicodeDecodeError) as exc:  # struct.error is a ValueError
             self._protocol_error(f"malformed NATS frame from the peer: {exc}")
             return
@@ -516,11 +519,12 @@ class NatsChannel:
         self._probe_handle = None
         if self.lost is not None:
             return
-        now = self._loop.time()
-        if now - self._heard >= self._probe_interval * 0.9:
+        # A flag, not a timestamp per message: the clock read cost every message a call.
+        if not self._heard:
             task = self._loop.create_task(self._send_probe())
             _tasks.add(task)
             task.add_done_callback(_tasks.discard)
+        self._heard = False
         self._probe_handle = self._loop.call_later(self._probe_interval, self._probe)
 
     async def _send_probe(self) -> None:
