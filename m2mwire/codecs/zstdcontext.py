@@ -161,12 +161,13 @@ class _ObjCompressor:
     why the raw contexts are preferred): a frame primed with a dictionary or a prefix needs a new
     ZstdCompressor, since its dictionary is bound when it is built."""
 
-    __slots__ = ("_cctx", "_cobj", "_params")
+    __slots__ = ("_cctx", "_cobj", "_flush", "_params")
 
     def __init__(self, params: zstandard.ZstdCompressionParameters) -> None:
         self._params = params
         self._cctx: zstandard.ZstdCompressor | None = None
         self._cobj: zstandard.ZstdCompressionObj | None = None
+        self._flush = 0  # COMPRESSOBJ_FLUSH_BLOCK, read in start(): no import per message
 
     def start(self, primer: bytes | None, dictionary: bytes | None) -> None:
         import zstandard
@@ -179,14 +180,14 @@ class _ObjCompressor:
             dict_data=zstandard.ZstdCompressionDict(data, dict_type=kind) if data else None,
         )
         self._cobj = self._cctx.compressobj()
+        self._flush = zstandard.COMPRESSOBJ_FLUSH_BLOCK
 
     def compress(self, data: bytes, head: bytes) -> bytes:
-        import zstandard
-
-        assert self._cobj is not None  # start() comes first (ContextCompressor)
+        cobj = self._cobj
+        assert cobj is not None  # start() comes first (ContextCompressor)
         # compress() only buffers a message smaller than a block; flush() emits it all.
-        body = self._cobj.compress(data)
-        return b"".join((head, body, self._cobj.flush(zstandard.COMPRESSOBJ_FLUSH_BLOCK)))
+        body = cobj.compress(data)
+        return b"".join((head, body, cobj.flush(self._flush)))
 
     def memory_size(self) -> int:
         return self._cctx.memory_size() if self._cctx is not None else 0
@@ -222,7 +223,8 @@ class _ObjDecompressor:
         if len(data) * _MAX_RATIO <= limit + OUTPUT_SLACK:
             # The usual case: even all-RLE blocks could not exceed the bound, so one call.
             out = dobj.decompress(data)
-            check_size("decompressed zstd message", len(out), limit)
+            if len(out) > limit:
+                check_size("decompressed zstd message", len(out), limit)
         else:
             out = self._decompress_sliced(dobj, data, limit)
         return out, dobj.eof
@@ -310,9 +312,8 @@ class ContextCompressor:
         """``prefix`` + the payload for one message: CRC-32 + the flushed zstd bytes (history is kept)."""
         engine = self._engine if self._started else self._start()
         assert engine is not None
-        head = prefix + crc32(data).to_bytes(_CRC_SIZE, "big")
         try:
-            payload = engine.compress(data, head)
+            payload = engine.compress(data, prefix + crc32(data).to_bytes(_CRC_SIZE, "big"))
         except Exception as exc:  # pragma: no cover - zstd fails only on exhausted memory
             raise EncodeError(f"zstd compression failed: {exc}") from None
         self.messages += 1
@@ -384,13 +385,15 @@ class ContextDecompressor:
                 f"zstd context payload is {size + _CRC_SIZE} bytes: shorter than its 4-byte CRC-32"
             )
         expected = int.from_bytes(payload[offset:start], "big")
-        import zstandard
-
         engine = self._engine if self._started else self._start()
         assert engine is not None
         try:
             out, ended = engine.decompress(payload[start:], limit)
-        except (zstandard.ZstdError, RawError) as exc:
+        except Exception as exc:
+            import zstandard  # loaded by _start: only the error path needs the name
+
+            if not isinstance(exc, zstandard.ZstdError | RawError):
+                raise
             raise DecodeError(
                 f"corrupt zstd context message #{self.messages + 1} ({exc}); the context cannot continue"
             ) from None

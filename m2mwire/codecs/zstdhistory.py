@@ -31,7 +31,7 @@ its history and the mirror (each < 2 windows in chunks, one window used) plus at
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Final, Literal
 
 from m2mwire.codecs.zstdcontext import (
@@ -164,6 +164,8 @@ def _read_header(payload: bytes | memoryview, offset: int) -> tuple[int, int]:
 
 
 _Sample = tuple[bytes, bytes, bytes]  # (bytes before it, the sample, bytes after it)
+#: _restart_quote's answer when nothing is quotable (the usual case; made once).
+_NO_QUOTE: Final[tuple[bool, tuple[tuple[_Sample, ...], ...]]] = (False, ())
 
 
 def _samples(message: bytes, own: bytes = b"") -> tuple[_Sample, ...]:
@@ -177,13 +179,27 @@ def _samples(message: bytes, own: bytes = b"") -> tuple[_Sample, ...]:
     + PROBE bytes per sample), whatever the sizes of the two messages.
     """
     size = len(message)
-    out = []
+    # Where an echo (the same place) or a message of the same shape with a few words changed
+    # before the sample (the same distance from the end) holds it: one comparison each, tried
+    # before the search, which scans up to 2 * RESTART_QUOTE bytes (this runs on every received
+    # message). Both positions are ones the search covers (the shift is checked), so the answer
+    # is the search's (tests/codecs/test_zstdhistory.py compares with the search alone).
+    shift = len(own) - size
+    if not -RESTART_QUOTE <= shift <= RESTART_QUOTE or size // 2 + shift < 0:  # (a negative start
+        shift = 0  # would count from the end)
+    out: tuple[_Sample, ...] = ()
     for at in (size // 2, size * 3 // 4):
         end = at + PROBE
         sample = message[at:end]
-        if own.find(sample, max(0, at - RESTART_QUOTE), end + RESTART_QUOTE) < 0:
-            out.append((message[max(0, at - RESTART_QUOTE) : at], sample, message[end : end + RESTART_QUOTE]))
-    return tuple(out)
+        if (
+            own.startswith(sample, at)
+            or own.startswith(sample, at + shift)
+            or own.find(sample, max(0, at - RESTART_QUOTE), end + RESTART_QUOTE) >= 0
+        ):
+            continue
+        # Its surroundings are sliced only for a sample that is kept (rare in an echo-like exchange).
+        out += ((message[max(0, at - RESTART_QUOTE) : at], sample, message[end : end + RESTART_QUOTE]),)
+    return out
 
 
 def _common_run(a: bytes, b: bytes, order: Literal["big", "little"]) -> int:
@@ -303,7 +319,8 @@ class HistoryContext:
         """``prefix`` + header + CRC-32 + zstd bytes of one message."""
         # Something is quotable only if _received_since_frame > 0, the wire's rule for a new frame
         # (entries are added on receipt and all dropped when a frame starts).
-        restart, quoting = _restart_quote(self._quotable, data) if self._quotable else (False, [])
+        quoting: Sequence[tuple[_Sample, ...]]
+        restart, quoting = _restart_quote(self._quotable, data) if self._quotable else _NO_QUOTE
         cost = len(data) + _ENTRY_COST
         excluded = self._unacked_bytes + cost > self._window
         value = self._received_since_send << 2 | excluded << 1 | restart

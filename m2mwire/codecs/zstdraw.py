@@ -50,6 +50,8 @@ OUTPUT_CHUNK: Final = 64 * 1024
 #: A compressor's own output buffer: messages whose worst case fits (~4 KB) need no allocation.
 SMALL_OUTPUT: Final = 4 * 1024
 _EXPANSION: Final = 32  # the first output buffer's size per input byte (see decompress)
+_SMALL_INPUT: Final = SMALL_OUTPUT // 4  # payloads decoded into the context's own buffer first
+_HINT_MAX: Final = 1 << 20  # above any input hint of ZSTD_decompressStream (see decompress)
 
 # The binding, loaded on first use like zstandard everywhere here (~9 ms to import, and only
 # sessions that use zstd need it).
@@ -204,12 +206,15 @@ class RawDecompressor:
         passes ``limit``: at most OUTPUT_CHUNK bytes past it are ever produced."""
         src = data if isinstance(data, bytes) else _ffi.from_buffer(data)
         size = len(data)
-        # Output goes to our small buffer when the message is likely to fit (no allocation), else
-        # to one as large as it may well be (a context's payloads expand up to ~30 times on the
-        # agent loop: one call), never above OUTPUT_CHUNK; more output takes more calls.
-        room = min(OUTPUT_CHUNK, _EXPANSION * size)
-        out = self._out if room <= SMALL_OUTPUT else _new_buffer("char[]", room)
-        room = max(room, SMALL_OUTPUT)
+        # Output goes to our small buffer when the payload is small (a 1 KB message's ~100-700
+        # bytes: no allocation, and output that does not fit continues below), else to one as
+        # large as it may well be (a context's payloads expand up to ~30 times on the agent loop:
+        # one call), never above OUTPUT_CHUNK; more output takes more calls.
+        if size <= _SMALL_INPUT:
+            out, room = self._out, SMALL_OUTPUT
+        else:
+            room = min(OUTPUT_CHUNK, _EXPANSION * size)
+            out = _new_buffer("char[]", room)
         pos = self._pos
         pos[1] = 0
         parts: list[bytes] = []
@@ -217,13 +222,16 @@ class RawDecompressor:
         while True:
             pos[0] = 0
             hint = _lib.ZSTD_decompressStream_simpleArgs(self._dctx, out, room, pos, src, size, pos + 1)
-            if _lib.ZSTD_isError(hint):
+            # A hint is at most a block and a block header; error codes are near SIZE_MAX. Only
+            # a large value is worth the call that tells them apart.
+            if hint > _HINT_MAX and _lib.ZSTD_isError(hint):
                 raise RawError(_error_name(hint))
             produced = pos[0]
             if produced:
                 total += produced
-                check_size("decompressed zstd message", total, limit)
-                parts.append(_ffi.buffer(out, produced)[:])
+                if total > limit:
+                    check_size("decompressed zstd message", total, limit)
+                parts.append(_ffi.unpack(out, produced))
             if hint == 0:  # a frame was completely decoded: ours never end
                 return b"".join(parts), True
             # A full output buffer may hold back more output; otherwise all the input is used.

@@ -161,18 +161,13 @@ class ZstdSessionState:
         count (the length of what it got, minus the wire content, plus the decoded content).
         """
         payload = message.payload
-        if payload is None:
-            return (self.binary_frame(message),)
+        if payload is None:  # the kind byte (0x5A, or 0x48 with shared history) + payload
+            return (self._compress(message.inner, self._kind_byte),)
         wire = payload.content = self.encode_text(message.inner)
         envelope = encode_data(payload, self._session_id)
         if message.size < 0:
             message.size = len(envelope) - len(wire) + len(message.inner)
         return envelope
-
-    def binary_frame(self, message: ZstdMessage) -> bytes:
-        """A binary-form ``message`` (``payload`` None) compressed in the context: the kind byte
-        (``0x5A``, or ``0x48`` with shared history) + payload."""
-        return self._compress(message.inner, self._kind_byte)
 
     def encode_text(self, content: bytes) -> str:
         """A ``#ZS|`` wire string carrying ``content`` (the DATA content only)."""

@@ -144,3 +144,33 @@ def test_only_the_verified_python_zstandard_binding_is_used() -> None:
     assert binding_supported(zstandard.__version__, Lacking)
     delattr(Lacking, "ZSTD_CCtx_refPrefix")
     assert not binding_supported(zstandard.__version__, Lacking)
+
+
+def test_small_payloads_decode_into_the_contexts_own_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Regression (cost): a payload of 129 bytes to 1 KiB (a 1 KB message's, agent-like or novel)
+    got an output buffer of 32 x its size allocated per message, though its output fits the 4 KiB
+    one the context keeps. Now only output that outgrows that buffer allocates, and it still
+    decodes whole (a 1 KiB payload expanding to 200 KB) and within its limit."""
+    from m2mwire.codecs import zstdraw
+
+    cc, dc = ContextCompressor(), ContextDecompressor()
+    for context in (cc, dc):
+        context.restart(b"history: frames primed with it use the raw contexts")
+    rng = random.Random(1)
+    small = [bytes(rng.choices(b"abcdefghij ", k=1000)) for _ in range(5)]
+    payloads = [cc.compress(message) for message in small]
+    assert all(129 <= len(p) <= 1024 for p in payloads)
+    assert dc.decompress(payloads.pop(0), 1 << 20) == small.pop(0)  # the context is made here
+    allocated: list[object] = []
+    real = zstdraw._new_buffer
+    monkeypatch.setattr(zstdraw, "_new_buffer", lambda *a: allocated.append(a) or real(*a))
+    assert [dc.decompress(p, 1 << 20) for p in payloads] == small
+    assert allocated == []
+    big = b"x" * 200_000 + bytes(rng.choices(b"abcdefghij ", k=700))
+    payload = cc.compress(big)
+    assert len(payload) <= 1024
+    assert dc.decompress(payload, 1 << 20) == big
+    assert allocated  # output past the context's buffer: pieces of OUTPUT_CHUNK
+    bomb = cc.compress(big)
+    with pytest.raises(LimitExceeded, match="over the limit of 100000"):
+        dc.decompress(bomb, 100_000)
