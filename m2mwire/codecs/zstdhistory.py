@@ -104,16 +104,19 @@ class History:
         self._size = 0
 
     def append(self, data: bytes) -> None:
-        if len(data) >= self._limit:
-            self._chunks.clear()
-            data = data[-self._limit :]
-            self._size = 0
-        elif not data:
+        limit, chunks, size = self._limit, self._chunks, len(data)  # (locals: 4 calls a message)
+        if size >= limit:
+            chunks.clear()
+            data = data[-limit:]
+            size = limit
+        elif not size:
             return
-        self._chunks.append(data)
-        self._size += len(data)
-        while self._size - len(self._chunks[0]) >= self._limit:
-            self._size -= len(self._chunks.popleft())
+        else:
+            size += self._size
+        chunks.append(data)
+        while size - len(chunks[0]) >= limit:
+            size -= len(chunks.popleft())
+        self._size = size
 
     def tail(self, size: int) -> bytes:
         """The last ``size`` bytes (``size`` <= len(self))."""
@@ -185,8 +188,13 @@ def _samples(message: bytes, own: bytes = b"") -> tuple[_Sample, ...]:
     # message). Both positions are ones the search covers (the shift is checked), so the answer
     # is the search's (tests/codecs/test_zstdhistory.py compares with the search alone).
     shift = len(own) - size
-    if not -RESTART_QUOTE <= shift <= RESTART_QUOTE or size // 2 + shift < 0:  # (a negative start
-        shift = 0  # would count from the end)
+    if -RESTART_QUOTE <= shift <= RESTART_QUOTE:
+        if own.endswith(message[size // 2 :]):  # both samples there, at the same distance from
+            return ()  # the end (an echo, or words changed in the first half only): one comparison
+        if size // 2 + shift < 0:  # a negative start would count from the end
+            shift = 0
+    else:
+        shift = 0
     out: tuple[_Sample, ...] = ()
     for at in (size // 2, size * 3 // 4):
         end = at + PROBE
