@@ -17,7 +17,9 @@ and per-message traffic with no repetition (the worst case for a context).
 4. Memory per session at 1,000 sessions (each in its own process: RSS after vs before, zstd vs
    brotli, both ends of every session in the process).
 5. RTT of 1 KB messages, server in its own process, `none` vs `zstd` on two open sessions,
-   alternating in batches of 50 (WebSocket and QUIC).
+   alternating in batches of 50 (WebSocket and QUIC); then the CPU of the same echo in the codec
+   and session layers alone (a sans-I/O pair in this process, hot caches): what zstd adds per
+   round trip, the part of the RTT this project's Python controls.
 
     .venv/bin/python benchmarks/bench_context.py [--quick]
 """
@@ -426,6 +428,49 @@ def rtt_section(rounds: int) -> dict[str, float]:
     return out
 
 
+def echo_cpu(algorithm: str, history: bool, kind: str, count: int = 2000, trials: int = 5) -> float:
+    """CPU microseconds (process time, best of ``trials``) per echoed round trip of ``kind``
+    1 KB messages through a sans-I/O client/server pair: both ends' send and receive, codec
+    included, no transport."""
+    alg = A.ZSTD if algorithm == "zstd" else A.NONE
+    client, server = _pair((alg,), history=history)
+    messages = rtt_messages(kind, count)
+
+    def deliver(src: SessionProtocol, dst: SessionProtocol) -> Any:
+        got = None
+        for out in src.data_to_send():
+            assert isinstance(out, SendMessage)
+            got = dst.receive_text(out.message, 1.0) if out.text else dst.receive_binary(out.message[0], 1.0)
+        return got
+
+    def run(batch: list[str]) -> None:
+        for message in batch:
+            client.send(message, 1.0, algorithm=alg)
+            got = deliver(client, server)
+            server.send(got.text, 1.0, algorithm=alg)
+            assert deliver(server, client).text == message
+
+    run(messages[:200])  # contexts made, caches and branch predictors warm
+    best = float("inf")
+    for _ in range(trials):
+        start = time.process_time()
+        run(messages)
+        best = min(best, (time.process_time() - start) / count * 1e6)
+    return best
+
+
+def echo_cpu_section() -> None:
+    print("   CPU per echoed round trip, codec + session layers only (sans-I/O pair, hot, best of 5)")
+    for kind in ("agent", "novel"):
+        none = echo_cpu("none", False, kind)
+        shared, per_direction = echo_cpu("zstd", True, kind), echo_cpu("zstd", False, kind)
+        print(
+            f"  {kind:6} none {none:5.1f} us   zstd {shared:5.1f} us (+{shared - none:4.1f})   "
+            f"zstd-pd {per_direction:5.1f} us (+{per_direction - none:4.1f})"
+        )
+    print()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer sessions and round trips")
@@ -441,6 +486,7 @@ def main() -> None:
     speed = speed_section()
     memory_section(100 if args.quick else 1000)
     rtt = rtt_section(4 if args.quick else 20)
+    echo_cpu_section()
     goals(results, speed, rtt)
 
 
