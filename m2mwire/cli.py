@@ -110,18 +110,41 @@ def _session_line(session: Session) -> str:
     )
 
 
-def _serve_options(args: argparse.Namespace) -> dict[str, Any]:
+def _certificate_options(args: argparse.Namespace, url: str) -> dict[str, Any]:
+    """--certfile, --keyfile, --cert-dir / --no-cert-dir as serve()'s and gateway()'s keywords."""
     _check_flags(
         "serve",
-        args.url,
+        url,
         {"certfile": args.certfile, "keyfile": args.keyfile, "cert_dir": args.cert_dir or args.no_cert_dir},
     )
-    options: dict[str, Any] = {}
-    for name in ("certfile", "keyfile", "cert_dir", "agent_id", "max_payload"):
-        if getattr(args, name) is not None:
-            options[name] = getattr(args, name)
+    options = {name: getattr(args, name) for name in ("certfile", "keyfile", "cert_dir")}
     if args.no_cert_dir:
         options["cert_dir"] = False
+    return {name: value for name, value in options.items() if value is not None}
+
+
+def _add_certificate_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--certfile", help="TLS certificate chain (PEM; wss://, quic://); default: generated")
+    p.add_argument("--keyfile", help="its private key (PEM), unless --certfile holds both")
+    kept = p.add_mutually_exclusive_group()
+    kept.add_argument(
+        "--cert-dir",
+        metavar="DIR",
+        help="where the generated certificate is kept across restarts (wss://, quic://; default: "
+        "$M2MWIRE_STATE_DIR, else $XDG_STATE_HOME/m2mwire, else ~/.local/state/m2mwire, then certs/HOST)",
+    )
+    kept.add_argument(
+        "--no-cert-dir",
+        action="store_true",
+        help="keep the generated certificate in memory only: a new fingerprint at every start",
+    )
+
+
+def _serve_options(args: argparse.Namespace) -> dict[str, Any]:
+    options = _certificate_options(args, args.url)
+    for name in ("agent_id", "max_payload"):
+        if getattr(args, name) is not None:
+            options[name] = getattr(args, name)
     if getattr(args, "reuse_port", False):  # set by serve --workers for its workers
         options["reuse_port"] = True
     for name in ("algorithms", "encodings"):
@@ -266,9 +289,7 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
     from m2mwire.shell.gateway import gateway
 
     async def run() -> None:
-        options: dict[str, Any] = {}
-        if args.certfile:
-            options.update(certfile=args.certfile, keyfile=args.keyfile)
+        options = _certificate_options(args, args.listen_url)
         if args.resume_window is not None:
             options.update(resume_window=args.resume_window)
         async with gateway(args.listen_url, args.nats_url, **options) as gw:
@@ -387,20 +408,7 @@ def _parser() -> argparse.ArgumentParser:
         default="ws://127.0.0.1:8765",
         help="ws://, wss://, quic://host:port or nats://host:4222/subject",
     )
-    p.add_argument("--certfile", help="TLS certificate chain (PEM; wss://, quic://); default: generated")
-    p.add_argument("--keyfile", help="its private key (PEM), unless --certfile holds both")
-    kept = p.add_mutually_exclusive_group()
-    kept.add_argument(
-        "--cert-dir",
-        metavar="DIR",
-        help="where the generated certificate is kept across restarts (wss://, quic://; default: "
-        "$M2MWIRE_STATE_DIR, else $XDG_STATE_HOME/m2mwire, else ~/.local/state/m2mwire, then certs/HOST)",
-    )
-    kept.add_argument(
-        "--no-cert-dir",
-        action="store_true",
-        help="keep the generated certificate in memory only: a new fingerprint at every start",
-    )
+    _add_certificate_flags(p)
     p.add_argument("--identity", metavar="FILE", help="model identity (JSON object); enables latent mode")
     p.add_argument("--agent-id", help="this agent's id (default: a random UUID)")
     p.add_argument("--algorithms", help="comma-separated, in order of preference (default: all)")
@@ -430,8 +438,7 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("gateway", help="accept WebSocket/QUIC sessions and carry them to a NATS service")
     p.add_argument("listen_url", help="ws://, wss:// or quic://host:port to accept clients on")
     p.add_argument("nats_url", help="nats://host:4222[,host2:4222]/service.subject of the workers")
-    p.add_argument("--certfile", help="TLS certificate chain (PEM; wss://, quic://); default: generated")
-    p.add_argument("--keyfile", help="its private key (PEM), unless --certfile holds both")
+    _add_certificate_flags(p)
     p.add_argument(
         "--resume-window",
         type=float,

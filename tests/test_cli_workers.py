@@ -57,12 +57,12 @@ async def connect_when_up(url: str, **options: Any) -> Session:
     raise AssertionError(f"nothing served {url} within 20 s")
 
 
-async def kept_fingerprint(host: str) -> str:
-    """The fingerprint of the certificate kept for ``host`` (conftest's M2MWIRE_STATE_DIR), once
-    the parent process has made it."""
+async def kept_fingerprint(host: str, cert_dir: Path | None = None) -> str:
+    """The fingerprint of the certificate kept in ``cert_dir``, by default the one for ``host``
+    (conftest's M2MWIRE_STATE_DIR), once the process serving it has made it."""
     from m2mwire.transport.certstore import default_cert_dir, persistent_self_signed
 
-    cert = default_cert_dir(host) / "cert.pem"
+    cert = (cert_dir or default_cert_dir(host)) / "cert.pem"
     for _ in range(100):
         if cert.exists():
             return persistent_self_signed(cert.parent)[2]
@@ -129,3 +129,27 @@ async def test_gateway_command(nats_server: LocalNatsServer) -> None:
             await session.send("through")
             assert (await asyncio.wait_for(session.recv(), 10)).text == "through"
             await session.close()
+
+
+async def test_gateway_command_keeps_its_certificate_in_cert_dir(
+    nats_server: LocalNatsServer, tmp_path: Path
+) -> None:
+    """``m2mwire gateway --cert-dir DIR``: a restarted gateway presents the certificate its
+    clients pinned (the console command took only --certfile/--keyfile before)."""
+    url = f"{nats_server.url}/test.{uuid.uuid4().hex}"
+
+    async def echo(session: Session) -> None:
+        async for message in session:
+            await session.send(message.text or "")
+
+    cert_dir = tmp_path / "gw-certs"
+    fingerprint = ""
+    async with m2mwire.serve(echo, url):
+        for _ in range(2):  # the pin taken from the first start works against the restart
+            port = free_port(socket.SOCK_DGRAM)
+            async with cli("gateway", f"quic://127.0.0.1:{port}", url, "--cert-dir", str(cert_dir)):
+                fingerprint = fingerprint or await kept_fingerprint("127.0.0.1", cert_dir)
+                session = await connect_when_up(f"quic://127.0.0.1:{port}", fingerprint=fingerprint)
+                await session.send("pinned")
+                assert (await asyncio.wait_for(session.recv(), 10)).text == "pinned"
+                await session.close()
