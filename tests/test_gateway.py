@@ -217,5 +217,13 @@ def test_a_gateway_with_resume_window_0_remembers_no_lost_session() -> None:
 
 
 def test_gateway_options_are_checked() -> None:
-    with pytest.raises(ValueError, match="resume_window"):
-        m2mwire.gateway("ws://127.0.0.1:0", "nats://127.0.0.1:4222/x", resume_window=-1)
+    """Bad options raise ConfigError (an M2MError and a ValueError), naming what to give instead."""
+    nats = "nats://127.0.0.1:4222/x"
+    with pytest.raises(m2mwire.ConfigError, match="resume_window"):
+        m2mwire.gateway("ws://127.0.0.1:0", nats, resume_window=-1)
+    with pytest.raises(m2mwire.ConfigError, match=r"unknown gateway.*colour.*valid: .*cert_dir"):
+        m2mwire.gateway("ws://127.0.0.1:0", nats, colour="blue")
+    with pytest.raises(m2mwire.ConfigError, match="listens on ws://"):
+        m2mwire.gateway(nats, nats)
+    with pytest.raises(m2mwire.ConfigError, match="nats:// service"):
+        m2mwire.gateway("ws://127.0.0.1:0", "ws://127.0.0.1:1")

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any
 
 from m2mwire.codecs.limits import MiB
-from m2mwire.errors import M2MError, ResumeImpossible, TransportError
+from m2mwire.errors import ConfigError, M2MError, ResumeImpossible, TransportError
 from m2mwire.lifecycle import Listening
 from m2mwire.options import parse_url
 from m2mwire.schemas.messages import Capabilities, Decoded, MessageType, ResumeCaps, decode_message
@@ -80,12 +80,13 @@ class Gateway(Listening):
     def __init__(self, listen_url: str, nats_url: str, options: dict[str, Any]) -> None:
         unknown = set(options) - _LISTEN_OPTIONS - NATS_OPTIONS
         if unknown:
-            raise TypeError(f"unknown gateway option(s): {', '.join(sorted(unknown))}")
+            valid = ", ".join(sorted(_LISTEN_OPTIONS | NATS_OPTIONS))
+            raise ConfigError(f"unknown gateway() option(s): {', '.join(sorted(unknown))}; valid: {valid}")
         self._endpoint = parse_url(listen_url)
         if self._endpoint.scheme == "nats":
-            raise ValueError(f"a gateway listens on ws://, wss:// or quic://, not {listen_url!r}")
+            raise ConfigError(f"a gateway listens on ws://, wss:// or quic://, not {listen_url!r}")
         if parse_url(nats_url).scheme != "nats":
-            raise ValueError(f"a gateway carries sessions to a nats:// service, not {nats_url!r}")
+            raise ConfigError(f"a gateway carries sessions to a nats:// service, not {nats_url!r}")
         self.nats_url = nats_url
         self._options = options
         self._nats_options = {k: v for k, v in options.items() if k in NATS_OPTIONS}
@@ -97,7 +98,7 @@ class Gateway(Listening):
         self._hello_timeout = float(options.get("hello_timeout", Timers().hello_timeout))
         window = float(options.get("resume_window", DEFAULT_RESUME_WINDOW))
         if window < 0 or self._hello_timeout <= 0:
-            raise ValueError("gateway resume_window= must be >= 0 and hello_timeout= > 0 (seconds)")
+            raise ConfigError("gateway resume_window= must be >= 0 and hello_timeout= > 0 (seconds)")
         self.routes = ResumeRoutes(window)
         self._impl: Listener | None = None  # the transport's, once started
         self._relays: set[asyncio.Task[None]] = set()
