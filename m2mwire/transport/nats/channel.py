@@ -37,7 +37,10 @@ _PULL_MAX = 16  # messages buffered for recv() (before start_push) before we sto
 _RESYNC_EVERY = 0.25  # seconds between two resend requests for the same gap
 # NATS drops what it cannot deliver, a CREDIT too (see _announce_credit and _wait_credit):
 _ANNOUNCE_EVERY = 0.25  # seconds between two credit re-announcements a peer asked for
+_RESEND_EVERY = 0.25  # seconds between two resends of our unacknowledged messages a peer asked for
 _ASK_CREDIT_AFTER = 1.0  # seconds a send waits for credit before asking the peer for it (again)
+# NATS drops a DATA message too, and when it was the last one sent no later one shows the gap:
+_ASK_ACK_AFTER = 1.0  # seconds without acknowledgement progress before the sender asks (see _check_acked)
 _MISSED_PROBES = 3  # "no responders" answers in a row that mean the peer is gone
 _CLOSE_COST = 600  # a CLOSE frame's cost against credit (its reason is cut at 512 bytes)
 _HEAD = f.HEADER.size
@@ -86,6 +89,10 @@ class NatsChannel:
         self._resync_at = -math.inf
         self._announced_at = -math.inf  # when we last announced our credit again (asked to)
         self._announce_handle: asyncio.TimerHandle | None = None  # one deferred, at most
+        self._ack_handle: asyncio.TimerHandle | None = None  # armed while messages are unacknowledged
+        self._ack_mark = 0  # the oldest unacknowledged sequence number at the last check
+        self._resent_at = -math.inf  # when we last resent because the peer asked (RESYNC)
+        self._resend_handle: asyncio.TimerHandle | None = None  # one deferred, at most
         self._parts: bytearray | None = None  # a message being reassembled
         self._parts_total = 0
         self._parts_text = False
@@ -141,7 +148,7 @@ class NatsChannel:
             return False
         taken = sender.take(cost)
         assert taken == seq
-        sender.retain(seq, head, view)
+        self._retain(seq, head, view)
         return True
 
     async def send(self, message: OutgoingMessage, text: bool = False) -> None:
@@ -183,7 +190,7 @@ class NatsChannel:
                 async with self._send_lock:
                     seq = await self._wait_credit(_CLOSE_COST)
                     payload = f.pack_close(f.CLOSE, seq, code, reason)
-                    self._sender.retain(seq, payload)
+                    self._retain(seq, payload)
                     await self._publish(payload, b"")
         finally:
             self._fail(
@@ -235,8 +242,12 @@ class NatsChannel:
                 ack, limit, flags = f.unpack_credit(data)
                 grew = self._sender.on_credit(ack, limit)
                 if flags & f.RESYNC:
-                    self._request_resend()
-                if flags & (f.RESYNC | f.ASK):
+                    self._resend_for_peer()
+                if flags & f.TAIL and f.unpack_tail(data) > self._receiver.last_in_order:
+                    # The peer's last messages never arrived, and nothing after them will show
+                    # the gap: ask for everything after our last (the RESYNC says our credit too).
+                    self._ask_resend()
+                elif flags & (f.RESYNC | f.ASK):
                     self._announce_credit()
                 if grew:
                     self._wake_sender()
@@ -425,7 +436,7 @@ class NatsChannel:
         size = _HEAD + len(prefix) + body.nbytes
         seq = await self._wait_credit(size + f.MESSAGE_COST)
         head = f.HEADER.pack(kind, seq) + prefix
-        self._sender.retain(seq, head, body)
+        self._retain(seq, head, body)
         await self._publish(head, body)
 
     async def _wait_credit(self, cost: int) -> int:
@@ -447,11 +458,10 @@ class NatsChannel:
                     # The CREDIT that would let us go on may have been lost (by NATS, with no
                     # reconnect to tell: a route between cluster nodes that failed): ask the peer
                     # to announce its credit again (it does, at most every _ANNOUNCE_EVERY). Our
-                    # own acknowledgement and credit go with the question, as in every CREDIT.
-                    receiver = self._receiver
-                    self._bus.publish_soon(
-                        self._out, f.pack_credit(receiver.last_in_order, receiver.granted, f.ASK)
-                    )
+                    # own acknowledgement and credit go with the question, as in every CREDIT;
+                    # our last sequence number too: credit withheld because our last messages
+                    # were lost (so never consumed) is made good by their resend.
+                    self._ask_ack()
 
     async def _publish(self, head: bytes, body: bytes | memoryview) -> None:
         if compat.publish_now(self._nc, self._out, head, body):
@@ -481,6 +491,25 @@ class NatsChannel:
         finally:
             back.cancel()
 
+    def _resend_for_peer(self) -> None:
+        """The peer asked (RESYNC) for everything we have not had acknowledged. Each ask costs it
+        a 26-byte CREDIT and could cost us a window, so we resend at most once per
+        _RESEND_EVERY: one asked for sooner is deferred, never dropped (it may be the one that
+        matters), and the asks meanwhile share it (each resend sends everything unacknowledged)."""
+        if self._resend_handle is not None or self.lost is not None:
+            return
+        wait = self._resent_at + _RESEND_EVERY - self._loop.time()
+        if wait > 0:
+            self._resend_handle = self._loop.call_later(wait, self._resend_for_peer_now)
+        else:
+            self._resend_for_peer_now()
+
+    def _resend_for_peer_now(self) -> None:
+        self._resend_handle = None
+        if self.lost is None:
+            self._resent_at = self._loop.time()
+            self._request_resend()
+
     def _request_resend(self) -> None:
         self._resend = True
         if self._send_lock.locked():
@@ -505,6 +534,46 @@ class NatsChannel:
             await self._publish(head, body)
             if self.lost is not None:
                 return
+
+    def _retain(self, seq: int, head: bytes, body: bytes | memoryview = b"") -> None:
+        """Keep a published sequenced message until acknowledged, watched by _check_acked."""
+        self._sender.retain(seq, head, body)
+        if self._ack_handle is None:
+            self._ack_mark = self._sender.unacked[0][0]
+            self._ack_handle = self._loop.call_later(_ASK_ACK_AFTER, self._check_acked)
+
+    def _check_acked(self) -> None:
+        """Ask the peer about our unacknowledged messages when no acknowledgement came for
+        _ASK_ACK_AFTER: NATS may have dropped the last ones we sent (a route between cluster
+        nodes that failed, with no reconnect to tell), and a receiver sees a gap only when a later
+        message arrives, so without this they would never arrive while the session lives on.
+
+        The question is a CREDIT flagged ASK and TAIL, carrying our last sequence number. NATS
+        keeps one publisher's order on a subject, so the peer reads it after every message sent
+        before it that was not lost: if it lacks the last one it answers RESYNC (we then send
+        again what its acknowledgement does not cover, only what is missing); else it announces
+        its credit, whose acknowledgement releases what we retain and stops these checks. A
+        receiver that merely holds our messages unread (paused, no credit left) has taken them in
+        order: it acknowledges, so nothing is sent again. At most one 34-byte question per
+        _ASK_ACK_AFTER per channel, none while a send is under way (one waiting for credit asks
+        by itself) or every message is acknowledged."""
+        self._ack_handle = None
+        unacked = self._sender.unacked
+        if self.lost is not None or not unacked:
+            return  # armed again by the next message retained
+        oldest = unacked[0][0]
+        if oldest == self._ack_mark and not self._send_lock.locked() and not self._resend:
+            self._ask_ack()
+        self._ack_mark = oldest
+        self._ack_handle = self._loop.call_later(_ASK_ACK_AFTER, self._check_acked)
+
+    def _ask_ack(self) -> None:
+        """A CREDIT flagged ASK and TAIL (see _check_acked): our acknowledgement and credit, our
+        last sequence number, and the question. Every sequenced message up to that number has
+        been handed to nats-py before this is (the callers hold no message half-published)."""
+        receiver = self._receiver
+        tail = self._sender.next_seq - 1
+        self._bus.publish_soon(self._out, f.pack_credit(receiver.last_in_order, receiver.granted, tail=tail))
 
     def _wake_sender(self) -> None:
         waiter = self._credit_waiter
@@ -561,6 +630,12 @@ class NatsChannel:
         if self._announce_handle is not None:
             self._announce_handle.cancel()
             self._announce_handle = None
+        if self._ack_handle is not None:
+            self._ack_handle.cancel()
+            self._ack_handle = None
+        if self._resend_handle is not None:
+            self._resend_handle.cancel()
+            self._resend_handle = None
         if self._probe_handle is not None:
             self._probe_handle.cancel()
             self._probe_handle = None

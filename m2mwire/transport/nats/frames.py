@@ -8,7 +8,9 @@ Every NATS message of a session starts with ``kind`` (1 byte) and ``seq`` (8 byt
   ``CLOSE`` the channel's end, followed by a close code (2 bytes) and a UTF-8 reason.
 - unsequenced kinds (``seq`` is 0 unless said): ``CREDIT`` (``seq`` = the last sequenced message
   received in order, then the credit limit, 8 bytes, and a flags byte: ``RESYNC`` asks the peer
-  to send again everything after ``seq``, ``RESYNC`` or ``ASK`` to announce its credit again);
+  to send again everything after ``seq``, ``RESYNC`` or ``ASK`` to announce its credit again,
+  ``TAIL`` says the CREDIT is followed by the sender's last sequence number, 8 bytes, which a
+  receiver that has not taken it asks for with a RESYNC);
   ``PROBE`` (a liveness check, ignored by the receiver);
   ``ABORT`` (the peer dropped the channel, followed like CLOSE by code and reason).
 """
@@ -30,12 +32,14 @@ __all__ = [
     "PROBE",
     "RESYNC",
     "SEQUENCED",
+    "TAIL",
     "TEXT",
     "TEXT_FIRST",
     "pack_close",
     "pack_credit",
     "unpack_close",
     "unpack_credit",
+    "unpack_tail",
 ]
 
 TEXT, BINARY, TEXT_FIRST, BINARY_FIRST, CONT, CLOSE = 1, 2, 3, 4, 5, 6
@@ -43,6 +47,9 @@ CREDIT, PROBE, ABORT = 16, 17, 18
 SEQUENCED = frozenset((TEXT, BINARY, TEXT_FIRST, BINARY_FIRST, CONT, CLOSE))
 RESYNC = 1  # CREDIT flag: send again everything unacknowledged (and announce your credit)
 ASK = 2  # CREDIT flag: announce your credit again (a sender waiting for it long)
+# CREDIT flag: our last sequence number follows the CREDIT (8 bytes); if you lack it, RESYNC.
+# Sent with ASK, so a peer that predates it (and ignores the extra bytes) still acknowledges.
+TAIL = 4
 
 HEADER = struct.Struct("!BQ")
 TOTAL = struct.Struct("!Q")
@@ -53,14 +60,22 @@ _CLOSE = struct.Struct("!BQH")
 MESSAGE_COST = 64
 
 
-def pack_credit(ack: int, limit: int, flags: int = 0) -> bytes:
-    return _CREDIT.pack(CREDIT, ack, limit, flags)
+def pack_credit(ack: int, limit: int, flags: int = 0, tail: int | None = None) -> bytes:
+    """A CREDIT; with ``tail`` (our last sequence number) flagged TAIL and ASK."""
+    if tail is None:
+        return _CREDIT.pack(CREDIT, ack, limit, flags)
+    return _CREDIT.pack(CREDIT, ack, limit, flags | TAIL | ASK) + TOTAL.pack(tail)
 
 
 def unpack_credit(data: bytes | bytearray) -> tuple[int, int, int]:
     """(ack, limit, flags) of a CREDIT message; struct.error when it is too short."""
     _, ack, limit, flags = _CREDIT.unpack_from(data)
     return ack, limit, flags
+
+
+def unpack_tail(data: bytes | bytearray) -> int:
+    """The sender's last sequence number in a CREDIT flagged TAIL; struct.error when absent."""
+    return int(TOTAL.unpack_from(data, _CREDIT.size)[0])
 
 
 def pack_close(kind: int, seq: int, code: int, reason: str) -> bytes:
