@@ -12,6 +12,7 @@ the client's last sequenced messages once each, deterministically, with a real n
 from __future__ import annotations
 
 import asyncio
+import struct
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
@@ -161,3 +162,66 @@ async def test_a_peer_asking_for_resends_over_and_over_gets_one_per_quarter_seco
         resent = counter.data - COUNT
         assert COUNT <= resent <= COUNT * (2 + elapsed / nats_channel._RESEND_EVERY), (resent, elapsed)
         assert receiving.received == [message(i) for i in range(COUNT)]  # the duplicates dropped
+
+
+def test_a_tail_question_reads_as_an_ask_to_a_peer_that_predates_it() -> None:
+    """The 18 bytes an older peer parses say ASK (so it acknowledges); the tail follows them."""
+    question = f.pack_credit(7, 4096, tail=9)
+    assert len(question) == 26
+    assert f.unpack_credit(question[:18]) == f.unpack_credit(question) == (7, 4096, f.ASK | f.TAIL)
+    assert f.unpack_tail(question) == 9
+    with pytest.raises(struct.error):  # a TAIL flag without the tail is malformed
+        f.unpack_tail(f.pack_credit(7, 4096, f.TAIL))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize(
+    "frame",
+    [f.pack_credit(0, 0, f.TAIL), bytes((f.CREDIT, 0, 0)), bytes((f.BINARY, 0))],
+    ids=["tail-missing", "short-credit", "short-header"],
+)
+async def test_a_truncated_frame_fails_only_its_own_channel(
+    small_nats: LocalNatsServer, frame: bytes
+) -> None:
+    """A frame too short for what its kind and flags say (struct.error, not a ValueError) is a
+    protocol error of that channel: ABORT 1002 to it, and the worker's other channels go on."""
+    receiving = Receiving()
+    subject = f"test.{uuid.uuid4().hex}"
+    listener = await serve_nats(
+        receiving.handler, f"{small_nats.url}/{subject}", max_message_size=1 << 20, options=dict(OPTIONS)
+    )
+    clients: list[NatsChannel] = []
+    try:
+        for name in ("good", "bad"):
+            clients.append(
+                await open_nats_channel(
+                    f"{small_nats.url}/{subject}", max_message_size=1 << 20, options={**OPTIONS, "name": name}
+                )
+            )
+            for _ in range(500):
+                if len(receiving.channels) == len(clients):
+                    break
+                await asyncio.sleep(0.01)
+        good, bad = clients
+        good_worker, bad_worker = receiving.channels
+        good_worker.resume_reading()
+        await bad._nc.publish(bad._out, frame)
+        for _ in range(500):
+            if bad.lost is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert bad_worker.lost is not None and bad_worker.lost.code == 1002, bad_worker.lost
+        assert bad.lost is not None and bad.lost.code == 1002, bad.lost  # told by the worker's ABORT
+        await good.send(message(1))
+        for _ in range(500):
+            if receiving.received:
+                break
+            await asyncio.sleep(0.01)
+        assert receiving.received == [message(1)] and good_worker.lost is None
+    finally:
+        receiving.finished.set()
+        for client in clients:
+            client.abort()
+            await client._nc.close()
+        listener.close()
+        await listener.wait_closed()

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import struct
 from collections import deque
 from collections.abc import Callable
 
@@ -267,7 +268,7 @@ class NatsChannel:
                 return
             else:
                 raise ValueError(f"unknown frame kind {kind}")
-        except (ValueError, IndexError, UnicodeDecodeError) as exc:  # struct.error is a ValueError
+        except (ValueError, IndexError, struct.error) as exc:  # a frame too short: struct.error
             self._protocol_error(f"malformed NATS frame from the peer: {exc}")
             return
         if verdict:
@@ -360,7 +361,7 @@ class NatsChannel:
                     )
                 )
                 return
-        except (ValueError, IndexError) as exc:
+        except (ValueError, IndexError, struct.error) as exc:
             self._protocol_error(f"malformed NATS frame from the peer: {exc}")
             return
         limit = self._receiver.consume(size + f.MESSAGE_COST)
@@ -493,7 +494,7 @@ class NatsChannel:
 
     def _resend_for_peer(self) -> None:
         """The peer asked (RESYNC) for everything we have not had acknowledged. Each ask costs it
-        a 26-byte CREDIT and could cost us a window, so we resend at most once per
+        an 18-byte CREDIT and could cost us a window, so we resend at most once per
         _RESEND_EVERY: one asked for sooner is deferred, never dropped (it may be the one that
         matters), and the asks meanwhile share it (each resend sends everything unacknowledged)."""
         if self._resend_handle is not None or self.lost is not None:
@@ -554,7 +555,7 @@ class NatsChannel:
         again what its acknowledgement does not cover, only what is missing); else it announces
         its credit, whose acknowledgement releases what we retain and stops these checks. A
         receiver that merely holds our messages unread (paused, no credit left) has taken them in
-        order: it acknowledges, so nothing is sent again. At most one 34-byte question per
+        order: it acknowledges, so nothing is sent again. At most one 26-byte question per
         _ASK_ACK_AFTER per channel, none while a send is under way (one waiting for credit asks
         by itself) or every message is acknowledged."""
         self._ack_handle = None
