@@ -2,7 +2,8 @@
 
 Each of them is awaitable (``server = await serve(...)``), an async context manager (``async with
 serve(...) as server``) and has ``serve_forever()``; all three reduce to the subclass's ``start()``
-and ``aclose()``, written once here.
+and ``aclose()``, written once here, as are the transport listener they hold (its URL, port,
+fingerprint) and stopping it.
 """
 
 from __future__ import annotations
@@ -12,10 +13,41 @@ from collections.abc import Generator
 from types import TracebackType
 from typing import Any, Self
 
+from m2mwire.transport import registry
+from m2mwire.transport.base import ChannelHandler, Listener, TransportConfig
+from m2mwire.transport.registry import Endpoint
+
 __all__ = ["Listening"]
 
 
 class Listening:
+    def __init__(self, endpoint: Endpoint) -> None:
+        self._endpoint = endpoint
+        self._impl: Listener | None = None  # the transport's, once started
+        self.port = endpoint.port
+        self.fingerprint: str | None = None
+
+    @property
+    def url(self) -> str:
+        """The URL clients connect to (with the bound port once started)."""
+        return self._impl.url if self._impl is not None else self._endpoint.url
+
+    async def _listen(self, handler: ChannelHandler, config: TransportConfig) -> None:
+        listener = registry.listen(handler, self._endpoint, config)
+        await listener.start()
+        self._impl = listener
+        self.port = listener.port
+        self.fingerprint = listener.fingerprint
+
+    def close(self) -> None:
+        """Stop accepting connections (what is running goes on; see ``aclose()``)."""
+        if self._impl is not None:
+            self._impl.close()
+
+    async def wait_closed(self) -> None:
+        if self._impl is not None:
+            await self._impl.wait_closed()
+
     async def start(self) -> Self:
         raise NotImplementedError
 

@@ -30,8 +30,7 @@ from m2mwire.options import parse_url
 from m2mwire.schemas.messages import Capabilities, Decoded, MessageType, ResumeCaps, decode_message
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, Timers
 from m2mwire.shell.resume_routes import DEFAULT_RESUME_WINDOW, ResumeRoutes
-from m2mwire.transport import registry
-from m2mwire.transport.base import Channel, Listener, Message, RoutedChannel, TransportConfig
+from m2mwire.transport.base import Channel, Message, RoutedChannel, TransportConfig
 from m2mwire.transport.nats.options import NATS_OPTIONS
 
 __all__ = ["Gateway", "gateway"]
@@ -82,7 +81,7 @@ class Gateway(Listening):
         if unknown:
             valid = ", ".join(sorted(_LISTEN_OPTIONS | NATS_OPTIONS))
             raise ConfigError(f"unknown gateway() option(s): {', '.join(sorted(unknown))}; valid: {valid}")
-        self._endpoint = parse_url(listen_url)
+        super().__init__(parse_url(listen_url))
         if self._endpoint.scheme == "nats":
             raise ConfigError(f"a gateway listens on ws://, wss:// or quic://, not {listen_url!r}")
         if parse_url(nats_url).scheme != "nats":
@@ -100,22 +99,11 @@ class Gateway(Listening):
         if window < 0 or self._hello_timeout <= 0:
             raise ConfigError("gateway resume_window= must be >= 0 and hello_timeout= > 0 (seconds)")
         self.routes = ResumeRoutes(window)
-        self._impl: Listener | None = None  # the transport's, once started
         self._relays: set[asyncio.Task[None]] = set()
-        self.port = self._endpoint.port
-        self.fingerprint: str | None = None
-
-    @property
-    def url(self) -> str:
-        return self._impl.url if self._impl is not None else self._endpoint.url
 
     async def start(self) -> Gateway:
         options = {k: v for k, v in self._options.items() if k in _TRANSPORT_OPTIONS}
-        listener = registry.listen(self._relay, self._endpoint, TransportConfig(self._max, options))
-        await listener.start()
-        self._impl = listener
-        self.port = listener.port
-        self.fingerprint = listener.fingerprint
+        await self._listen(self._relay, TransportConfig(self._max, options))
         return self
 
     async def _relay(self, edge: Channel) -> None:
@@ -185,14 +173,6 @@ class Gateway(Listening):
             log.warning("gateway: no NATS session for %s: %s", edge.remote_address, exc)
             await _close_quietly(edge, 1013, "no worker available; try again later")
             return None
-
-    def close(self) -> None:
-        if self._impl is not None:
-            self._impl.close()
-
-    async def wait_closed(self) -> None:
-        if self._impl is not None:
-            await self._impl.wait_closed()
 
     async def aclose(self) -> None:
         """Stop accepting, and cut the relays still running (their sessions end as on a lost

@@ -24,8 +24,7 @@ from m2mwire.shell.hosting import HostedSession
 from m2mwire.shell.serverstats import ServerStats, add_stats
 from m2mwire.shell.session import HandedOver, ServerSide, Session
 from m2mwire.shell.warmup import warm_tokenizers
-from m2mwire.transport import registry
-from m2mwire.transport.base import Channel, Listener, TransportConfig
+from m2mwire.transport.base import Channel, TransportConfig
 
 __all__ = ["Handler", "Server", "ServerStats", "serve"]
 
@@ -41,7 +40,7 @@ class Server(Listening):
 
     def __init__(self, handler: Handler, url: str, options: dict[str, Any]) -> None:
         self._handler = handler
-        self._endpoint = parse_url(url)
+        super().__init__(parse_url(url))
         options = dict(options)
         if "token" in options:
             raise TypeError(
@@ -60,14 +59,6 @@ class Server(Listening):
         self._ended = Stats()  # sums over sessions that have ended
         self._opened = self._refused = 0
         self._handler_tasks: set[asyncio.Task[Any]] = set()
-        self._impl: Listener | None = None  # the transport's, once started
-        self.port = self._endpoint.port
-        self.fingerprint: str | None = None
-
-    @property
-    def url(self) -> str:
-        """The URL clients connect to (with the bound port once started)."""
-        return self._impl.url if self._impl is not None else self._endpoint.url
 
     @property
     def active_sessions(self) -> int:
@@ -174,22 +165,8 @@ class Server(Listening):
 
     async def start(self) -> Server:
         # Until a session is established only control messages arrive (see transport_limit).
-        listener = registry.listen(
-            self._run_session, self._endpoint, TransportConfig(CONTROL_MESSAGE_LIMIT, self._topts)
-        )
-        await listener.start()
-        self._impl = listener
-        self.port = listener.port
-        self.fingerprint = listener.fingerprint
+        await self._listen(self._run_session, TransportConfig(CONTROL_MESSAGE_LIMIT, self._topts))
         return self
-
-    def close(self) -> None:
-        if self._impl is not None:
-            self._impl.close()
-
-    async def wait_closed(self) -> None:
-        if self._impl is not None:
-            await self._impl.wait_closed()
 
     async def aclose(self) -> None:
         """Close every live session (CLOSE handshake), then stop the listener and wait for it.
