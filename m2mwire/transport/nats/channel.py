@@ -50,6 +50,36 @@ _unpack_head = f.HEADER.unpack_from
 _FIRST_HEAD = _HEAD + f.TOTAL.size
 
 
+class _Paced:
+    """Run ``action`` when asked, at most once per ``every`` seconds. What a peer can make us send
+    is bounded this way: a request that comes sooner is deferred, never dropped (it may be the one
+    that matters), and the requests made meanwhile share that one run."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, every: float, action: Callable[[], None]) -> None:
+        self._loop, self._every, self._action = loop, every, action
+        self._last = -math.inf
+        self._handle: asyncio.TimerHandle | None = None  # one deferred run, at most
+
+    def request(self) -> None:
+        if self._handle is not None:
+            return  # one is due already
+        wait = self._last + self._every - self._loop.time()
+        if wait > 0:
+            self._handle = self._loop.call_later(wait, self._run)
+        else:
+            self._run()
+
+    def _run(self) -> None:
+        self._handle = None
+        self._last = self._loop.time()
+        self._action()
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+
+
 class NatsChannel:
     """A :class:`~m2mwire.transport.base.PushChannel` and
     :class:`~m2mwire.transport.base.DirectSendChannel` over one NATS connection shared by many."""
@@ -88,12 +118,10 @@ class NatsChannel:
         self._send_lock = asyncio.Lock()
         self._resend = False  # everything unacknowledged must go out again (reconnect, gap)
         self._resync_at = -math.inf
-        self._announced_at = -math.inf  # when we last announced our credit again (asked to)
-        self._announce_handle: asyncio.TimerHandle | None = None  # one deferred, at most
+        self._announcer = _Paced(self._loop, _ANNOUNCE_EVERY, self._send_credit)  # our credit, again
         self._ack_handle: asyncio.TimerHandle | None = None  # armed while messages are unacknowledged
         self._ack_mark = 0  # the oldest unacknowledged sequence number at the last check
-        self._resent_at = -math.inf  # when we last resent because the peer asked (RESYNC)
-        self._resend_handle: asyncio.TimerHandle | None = None  # one deferred, at most
+        self._peer_resend = _Paced(self._loop, _RESEND_EVERY, self._request_resend)  # the peer asked (RESYNC)
         self._parts: bytearray | None = None  # a message being reassembled
         self._parts_total = 0
         self._parts_text = False
@@ -408,20 +436,13 @@ class NatsChannel:
 
         What a peer can make us send with these flags is bounded: one CREDIT per _ANNOUNCE_EVERY;
         one asked for sooner is deferred, never dropped (dropping it could drop the one that
-        matters), and many asked for meanwhile share it."""
-        if self._announce_handle is not None or self.lost is not None:
-            return  # one is due already: it will say the current credit
-        wait = self._announced_at + _ANNOUNCE_EVERY - self._loop.time()
-        if wait > 0:
-            self._announce_handle = self._loop.call_later(wait, self._send_credit)
-        else:
-            self._send_credit()
+        matters), and many asked for meanwhile share it (it says the credit current then)."""
+        if self.lost is None:
+            self._announcer.request()
 
     def _send_credit(self) -> None:
-        self._announce_handle = None
         if self.lost is not None or not self._out:
             return
-        self._announced_at = self._loop.time()
         receiver = self._receiver
         self._bus.publish_soon(self._out, f.pack_credit(receiver.last_in_order, receiver.granted))
 
@@ -497,19 +518,8 @@ class NatsChannel:
         an 18-byte CREDIT and could cost us a window, so we resend at most once per
         _RESEND_EVERY: one asked for sooner is deferred, never dropped (it may be the one that
         matters), and the asks meanwhile share it (each resend sends everything unacknowledged)."""
-        if self._resend_handle is not None or self.lost is not None:
-            return
-        wait = self._resent_at + _RESEND_EVERY - self._loop.time()
-        if wait > 0:
-            self._resend_handle = self._loop.call_later(wait, self._resend_for_peer_now)
-        else:
-            self._resend_for_peer_now()
-
-    def _resend_for_peer_now(self) -> None:
-        self._resend_handle = None
         if self.lost is None:
-            self._resent_at = self._loop.time()
-            self._request_resend()
+            self._peer_resend.request()
 
     def _request_resend(self) -> None:
         self._resend = True
@@ -628,15 +638,11 @@ class NatsChannel:
             self._waiter.set_result(None)
 
     def _unroute(self) -> None:
-        if self._announce_handle is not None:
-            self._announce_handle.cancel()
-            self._announce_handle = None
+        self._announcer.cancel()
+        self._peer_resend.cancel()
         if self._ack_handle is not None:
             self._ack_handle.cancel()
             self._ack_handle = None
-        if self._resend_handle is not None:
-            self._resend_handle.cancel()
-            self._resend_handle = None
         if self._probe_handle is not None:
             self._probe_handle.cancel()
             self._probe_handle = None
