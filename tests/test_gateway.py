@@ -19,7 +19,7 @@ from m2mwire.errors import SessionClosed
 from m2mwire.shell.resume_routes import ResumeRoutes
 from m2mwire.transport.nats.local import LocalNatsServer
 from tests.chaosproxy import TcpChaosProxy
-from tests.test_resume import FAST, IDENT, check_exactly_once_in_order, exchange, workload
+from tests.test_resume import FAST, IDENT, Exchanging, check_exactly_once_in_order, exchange, workload
 
 if TYPE_CHECKING:
     from m2mwire.shell.gateway import Gateway
@@ -95,13 +95,7 @@ async def test_a_websocket_client_resumes_on_its_worker_through_the_gateway(
     message arrives exactly once, in order, on both sides."""
     count = 600
     to_worker, to_client = workload(31, count, 16 * 1024), workload(32, count, 16 * 1024)
-    worker_got: list[m2mwire.Message] = []
-    done = asyncio.Event()
-
-    async def handler(session: Session) -> None:
-        worker_got.extend(await exchange(session, to_client, count))
-        done.set()
-        await session.wait_closed()
+    handler = Exchanging(to_client, count)
 
     async with through_a_gateway_to_a_draining_worker(handler, nats_server) as (session, proxy, gw):
         sid = session.info.session_id
@@ -121,9 +115,9 @@ async def test_a_websocket_client_resumes_on_its_worker_through_the_gateway(
         chaos = asyncio.create_task(cuts())
         client_got = await asyncio.wait_for(exchange(session, to_worker, count), 40)
         await asyncio.wait_for(chaos, 20)
-        await asyncio.wait_for(done.wait(), 20)
+        await asyncio.wait_for(handler.done.wait(), 20)
         check_exactly_once_in_order(to_client, client_got)
-        check_exactly_once_in_order(to_worker, worker_got)
+        check_exactly_once_in_order(to_worker, handler.got)
         assert proxy.cuts >= 3 and session.stats.reconnects >= 3
         assert session.info.session_id == sid and session.info.peer_agent_id == "worker-a"
         await session.close()

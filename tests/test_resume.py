@@ -82,17 +82,25 @@ async def exchange(session: Session, outgoing: list[Any], expected: int) -> list
     return got
 
 
+class Exchanging:
+    """A server handler that runs :func:`exchange` with its peer, keeping what it received in
+    ``got`` and setting ``done`` when it has all of it."""
+
+    def __init__(self, outgoing: list[Any], expected: int) -> None:
+        self.outgoing, self.expected = outgoing, expected
+        self.got: list[m2mwire.Message] = []
+        self.done = asyncio.Event()
+
+    async def __call__(self, session: Session) -> None:
+        self.got.extend(await exchange(session, self.outgoing, self.expected))
+        self.done.set()
+        await session.wait_closed()
+
+
 async def chaos_run(scheme: str, count: int, max_size: int, seed: int) -> tuple[Session, Any]:
     to_server = workload(seed, count, max_size)
     to_client = workload(seed + 1, count, max_size)
-    server_got: list[m2mwire.Message] = []
-    done = asyncio.Event()
-
-    async def handler(session: Session) -> None:
-        server_got.extend(await exchange(session, to_client, count))
-        done.set()
-        await session.wait_closed()
-
+    handler = Exchanging(to_client, count)
     extra: dict[str, Any] = {"timers": QUIC_TIMERS} if scheme == "quic" else {}
     async with m2mwire.serve(handler, f"{scheme}://127.0.0.1:0", identity=IDENT, **extra) as server:
         proxy: TcpChaosProxy | UdpChaosProxy
@@ -116,9 +124,9 @@ async def chaos_run(scheme: str, count: int, max_size: int, seed: int) -> tuple[
                 if blackholes is not None:
                     blackholes.cancel()
                 async with asyncio.timeout(20):
-                    await done.wait()
+                    await handler.done.wait()
                 check_exactly_once_in_order(to_client, client_got)
-                check_exactly_once_in_order(to_server, server_got)
+                check_exactly_once_in_order(to_server, handler.got)
                 return session, proxy
         finally:
             if blackholes is not None:

@@ -28,7 +28,7 @@ from m2mwire.transport.nats.channel import NatsChannel
 from m2mwire.transport.nats.local import LocalNatsServer
 from m2mwire.transport.nats.service import open_nats_channel, serve_nats
 from tests.chaosproxy import TcpChaosProxy
-from tests.test_resume import IDENT, check_exactly_once_in_order, exchange, workload
+from tests.test_resume import IDENT, Exchanging, check_exactly_once_in_order, exchange, workload
 from tests.transport.test_nats import worker_process
 
 # Liveness in fractions of a second, so a refused NATS connection detaches the session (PINGs:
@@ -101,13 +101,7 @@ async def test_a_session_resumes_on_its_worker_while_messages_flow(nats_server: 
     id unchanged, and every message arrives exactly once, in order, on both sides."""
     count = 600
     to_worker, to_client = workload(21, count, 16 * 1024), workload(22, count, 16 * 1024)
-    worker_got: list[m2mwire.Message] = []
-    done = asyncio.Event()
-
-    async def handler(session: Session) -> None:
-        worker_got.extend(await exchange(session, to_client, count))
-        done.set()
-        await session.wait_closed()
+    handler = Exchanging(to_client, count)
 
     async with on_a_draining_worker(nats_server, handler) as (session, proxy, _a):
         sid = session.info.session_id
@@ -126,9 +120,9 @@ async def test_a_session_resumes_on_its_worker_while_messages_flow(nats_server: 
         chaos = asyncio.create_task(outages())
         client_got = await asyncio.wait_for(exchange(session, to_worker, count), 40)
         await asyncio.wait_for(chaos, 20)
-        await asyncio.wait_for(done.wait(), 20)
+        await asyncio.wait_for(handler.done.wait(), 20)
         check_exactly_once_in_order(to_client, client_got)
-        check_exactly_once_in_order(to_worker, worker_got)
+        check_exactly_once_in_order(to_worker, handler.got)
         assert session.stats.reconnects >= 3  # one per outage (more if a loaded machine missed PONGs)
         assert session.info.session_id == sid and session.info.peer_agent_id == "worker-a"
         channel = session._channel
