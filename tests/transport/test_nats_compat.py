@@ -164,13 +164,9 @@ async def direct_client(server: LocalNatsServer) -> Client:
     return nc
 
 
-async def test_publish_now_sends_what_publish_does_and_writes_only_a_turns_first_command_at_once(
-    nats_server: LocalNatsServer,
-) -> None:
-    """Differential: publish_now (header and body queued apart, the first command of a turn
-    written straight to the socket) against nats-py's publish (the general path), interleaved."""
-    subject = f"t.{uuid.uuid4().hex}"
-    listener = await nats.connect(nats_server.url)
+async def collecting(server: LocalNatsServer, subject: str) -> tuple[Client, asyncio.Queue[bytes]]:
+    """A plain nats-py client subscribed to ``subject``, and the queue of payloads it receives."""
+    listener = await nats.connect(server.url)
     got: asyncio.Queue[bytes] = asyncio.Queue()
 
     async def collect(msg: Msg) -> None:
@@ -178,6 +174,16 @@ async def test_publish_now_sends_what_publish_does_and_writes_only_a_turns_first
 
     await listener.subscribe(subject, cb=collect)
     await listener.flush()
+    return listener, got
+
+
+async def test_publish_now_sends_what_publish_does_and_writes_only_a_turns_first_command_at_once(
+    nats_server: LocalNatsServer,
+) -> None:
+    """Differential: publish_now (header and body queued apart, the first command of a turn
+    written straight to the socket) against nats-py's publish (the general path), interleaved."""
+    subject = f"t.{uuid.uuid4().hex}"
+    listener, got = await collecting(nats_server, subject)
     nc = await direct_client(nats_server)
     try:
         expected: list[bytes] = []
@@ -289,14 +295,7 @@ async def test_publish_now_writes_a_big_body_beside_its_header_and_in_order(
     through the transport): the same messages as nats-py's publish, in order; and the body is not
     joined to its header (on the old code: a copy of the body, allocated per message)."""
     subject = f"t.{uuid.uuid4().hex}"
-    listener = await nats.connect(nats_server.url)
-    got: asyncio.Queue[bytes] = asyncio.Queue()
-
-    async def collect(msg: Msg) -> None:
-        got.put_nowait(msg.data)
-
-    await listener.subscribe(subject, cb=collect)
-    await listener.flush()
+    listener, got = await collecting(nats_server, subject)
     nc = await direct_client(nats_server)
     rng = random.Random(9)
     try:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 
@@ -30,8 +30,9 @@ from m2mwire.transport.nats.channel import NatsChannel
 from m2mwire.transport.nats.local import LocalNatsServer
 from m2mwire.transport.nats.service import open_nats_channel, serve_nats
 from tests.chaosproxy import TcpChaosProxy
+from tests.transport.conftest import SMALL_MAX_PAYLOAD
 
-MAX_PAYLOAD = 64 * 1024  # window = 4 x max_payload = 256 KiB
+MAX_PAYLOAD = SMALL_MAX_PAYLOAD  # small_nats: window = 4 x max_payload = 256 KiB
 SIZE = 16 * 1024
 COUNT = 60  # about 4 windows: the sender blocks on credit
 # No liveness probes: the channel must recover by itself, not because a probe happened to pass.
@@ -43,14 +44,9 @@ OPTIONS = {
 }
 
 
-@pytest.fixture(scope="module")
-def small_nats() -> Iterator[LocalNatsServer]:
-    with LocalNatsServer(max_payload=MAX_PAYLOAD) as server:
-        yield server
-
-
-def message(i: int) -> bytes:
-    return i.to_bytes(4, "big") * (SIZE // 4)
+def message(i: int, size: int = SIZE) -> bytes:
+    """Message ``i``: recognisable in order, ``size`` bytes."""
+    return i.to_bytes(4, "big") * (size // 4)
 
 
 @dataclass

@@ -210,35 +210,43 @@ async def test_the_workers_resume_window_applies_over_nats(nats_server: LocalNat
 SMALL_PENDING = {"nats_options": {"pending_size": 4096}}  # nats-py's buffer: a 100 kB message fills it
 
 
-async def test_a_send_waiting_for_the_nats_connection_ends_at_abort(nats_server: LocalNatsServer) -> None:
+@asynccontextmanager
+async def idle_service(nats_server: LocalNatsServer) -> AsyncIterator[str]:
+    """A NATS service whose worker channels only wait (at most 10 s); yields its URL."""
     finished = asyncio.Event()
 
     async def idle(channel: NatsChannel) -> None:
         await asyncio.wait_for(finished.wait(), 10)
 
-    subject = f"test.{uuid.uuid4().hex}"
-    url = f"{nats_server.url}/{subject}"
+    url = f"{nats_server.url}/test.{uuid.uuid4().hex}"
     listener = await serve_nats(idle, url, max_message_size=1 << 20, options={})
-    proxy = await TcpChaosProxy(nats_server.port).start()
     try:
-        options = {**SMALL_PENDING, "reconnect_time_wait": 0.05, "max_reconnect_attempts": -1}
-        channel = await open_nats_channel(
-            f"nats://127.0.0.1:{proxy.port}/{url.rsplit('/', 1)[1]}",
-            max_message_size=1 << 20,
-            options=options,
-        )
-        await outage_started(proxy, channel)
-        sending = asyncio.create_task(channel.send(b"x" * 100_000))  # waits for the connection
-        await asyncio.sleep(0.2)
-        assert not sending.done()
-        channel.abort()
-        with pytest.raises(TransportError, match="aborted"):
-            await asyncio.wait_for(sending, 1.0)  # not once the connection is back (never, here)
+        yield url
     finally:
         finished.set()
-        await proxy.close()
         listener.close()
         await listener.wait_closed()
+
+
+async def test_a_send_waiting_for_the_nats_connection_ends_at_abort(nats_server: LocalNatsServer) -> None:
+    async with idle_service(nats_server) as url:
+        proxy = await TcpChaosProxy(nats_server.port).start()
+        try:
+            options = {**SMALL_PENDING, "reconnect_time_wait": 0.05, "max_reconnect_attempts": -1}
+            channel = await open_nats_channel(
+                f"nats://127.0.0.1:{proxy.port}/{url.rsplit('/', 1)[1]}",
+                max_message_size=1 << 20,
+                options=options,
+            )
+            await outage_started(proxy, channel)
+            sending = asyncio.create_task(channel.send(b"x" * 100_000))  # waits for the connection
+            await asyncio.sleep(0.2)
+            assert not sending.done()
+            channel.abort()
+            with pytest.raises(TransportError, match="aborted"):
+                await asyncio.wait_for(sending, 1.0)  # not once the connection is back (never, here)
+        finally:
+            await proxy.close()
 
 
 async def outage_started(proxy: TcpChaosProxy, channel: NatsChannel) -> None:
@@ -256,15 +264,7 @@ async def test_a_send_in_a_forced_flush_does_not_outlive_the_connection(nats_ser
     closes before the flusher takes that flush, nats-py never completes it: the bus bounds the
     wait (flush_timeout), so the channel's send ends, and the channel fails with the connection."""
 
-    finished = asyncio.Event()
-
-    async def idle(channel: NatsChannel) -> None:
-        await asyncio.wait_for(finished.wait(), 10)
-
-    subject = f"test.{uuid.uuid4().hex}"
-    url = f"{nats_server.url}/{subject}"
-    listener = await serve_nats(idle, url, max_message_size=1 << 20, options={})
-    try:
+    async with idle_service(nats_server) as url:
         channel = await open_nats_channel(url, max_message_size=1 << 20, options=SMALL_PENDING)
         sending = asyncio.create_task(channel.send(b"x" * 100_000))
         await asyncio.sleep(0)  # the publish is queued behind a forced flush
@@ -275,7 +275,3 @@ async def test_a_send_in_a_forced_flush_does_not_outlive_the_connection(nats_ser
         assert sending in done, "the send still waits for a flush of a closed connection"
         sending.result()
         assert channel.lost is not None and "NATS connection closed" in str(channel.lost)
-    finally:
-        finished.set()
-        listener.close()
-        await listener.wait_closed()

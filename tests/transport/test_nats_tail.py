@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import struct
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 import pytest
@@ -24,20 +24,15 @@ from m2mwire.transport.nats import frames as f
 from m2mwire.transport.nats.channel import NatsChannel
 from m2mwire.transport.nats.local import LocalNatsServer
 from m2mwire.transport.nats.service import open_nats_channel, serve_nats
-from tests.transport.test_nats_credit import MAX_PAYLOAD, OPTIONS, DropCredit, Receiving, blocked_sender
+from tests.transport.test_nats_credit import OPTIONS, DropCredit, Receiving, blocked_sender
+from tests.transport.test_nats_credit import message as credit_message
 
 COUNT = 20
 SIZE = 1000  # one NATS message each: message i is sequence number i + 1
 
 
-@pytest.fixture(scope="module")
-def small_nats() -> Iterator[LocalNatsServer]:
-    with LocalNatsServer(max_payload=MAX_PAYLOAD) as server:
-        yield server
-
-
 def message(i: int) -> bytes:
-    return i.to_bytes(4, "big") * (SIZE // 4)
+    return credit_message(i, SIZE)
 
 
 class DropData(DropCredit):
