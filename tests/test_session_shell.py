@@ -229,3 +229,34 @@ async def test_a_peer_that_reads_nothing_is_dropped_after_write_timeout(memory_s
         lost = channel_of(client).lost
         assert lost is not None and not lost.clean
         await client.close()
+
+
+async def test_a_sending_loop_gives_the_event_loop_a_turn(memory_scheme: str) -> None:
+    """A send() the channel takes at once never suspends: without a turn of the event loop now and
+    then, a sending loop on a fast connection starves every other task (other sessions, timers)
+    and, with reconnect=True, never reads the peer's ACKs, so it keeps up to resume_buffer_bytes of
+    messages the peer has long acknowledged. send() gives the loop a turn per 1,024 messages."""
+
+    async def sink(session: Session) -> None:
+        async for _ in session:
+            pass
+
+    turns = 0
+
+    async def ticker() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0)
+            turns += 1
+
+    async with running(memory_scheme, sink) as server:
+        server._impl.buffer_bytes = 1 << 30  # room for everything: no send() ever waits
+        async with connect(server.url, algorithms=["none"], reconnect=True) as client:
+            ticking = asyncio.create_task(ticker())
+            await asyncio.sleep(0)
+            before = turns
+            for _ in range(8 * 1024):
+                await client.send("x" * 100)
+            ticked = turns - before
+            ticking.cancel()
+    assert 7 <= ticked <= 9  # one turn per 1,024 messages sent, not one per message

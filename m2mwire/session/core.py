@@ -348,6 +348,9 @@ class SessionProtocol:
         self._session_id: str | None = None
         self._outputs: deque[Output] = deque()
         self.outputs_total = 0  # outputs ever queued: lets the shell wait until "mine" is written
+        # Receiving DATA queued an ACK (resume): the shell wakes its writer and clears this. DATA
+        # returned by receive_text/receive_binary causes no other output.
+        self.ack_queued = False
         self._events: deque[Event] = deque()
         self._closed_event: Closed | None = None
         # deadlines (absolute times in the shell's clock), None when not armed
@@ -430,8 +433,15 @@ class SessionProtocol:
                     self._too_big(size, "DATA message")
                     return None
                 message = self._on_data(env.session_id, env.payload, now)
-                if message is not None and self.resume is not None:
-                    self._count_received(size, message)
+                r = self.resume
+                if r is not None and message is not None:
+                    # ResumeState.on_received inline (see _count_received): the per-message path
+                    if message.algorithm == "zstd":
+                        size += message.original_bytes - message.wire_bytes
+                    r.received += 1
+                    r.unacked_bytes += size
+                    if (r.unacked_bytes >= r.ack_bytes or r.received >= r.ack_at) and self._live:
+                        self._send_ack()
                 return message
         if size > CONTROL_MESSAGE_LIMIT and not self._large_message_allowed(data):
             return None
@@ -587,11 +597,13 @@ class SessionProtocol:
                 payload_limit=self._payload_limit,
                 correlation=(request_id, reply_to, more, trace) if correlated else None,
             )
-            if self.resume is None:
+            r = self.resume
+            if r is not None:  # ResumeState.on_sent inline (see _queue_data): the per-message path
+                r.retained.append(envelope)  # the envelope itself, kept by reference
+                r.retained_bytes += len(envelope)
+            if r is None or self._live:  # detached: retained only, sent on resume
                 self._outputs.append(SendMessage(envelope))
                 self.outputs_total += 1
-            else:
-                self._queue_data(SendMessage(envelope))
             if self.config.token_stats:
                 tokens = (count_tokens(text), count_tokens(wire))
                 self.stats.original_tokens_sent += tokens[0]
@@ -1192,9 +1204,7 @@ class SessionProtocol:
             message = out.message
             if zstd is not None:
                 r.on_sent(zstd, zstd.size)
-            elif type(message) is bytes:  # text: the envelope itself, kept by reference
-                r.on_sent(message, len(message))
-            else:
+            else:  # a binary frame (text DATA is retained inline by send())
                 if any(type(part) is not bytes for part in message):
                     # Retained past this call: a caller's bytearray or view may change after send().
                     message = tuple(bytes(part) for part in message)
@@ -1217,6 +1227,7 @@ class SessionProtocol:
         assert self.resume is not None
         ack = AckPayload(received=self.resume.take_ack())
         self._send_text(encode_message(MessageType.ACK, ack, session_id=self._session_id))
+        self.ack_queued = True
 
     # -- helpers ----------------------------------------------------------------------------------
 

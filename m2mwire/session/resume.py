@@ -72,22 +72,23 @@ class ResumeState:
 
     Kept to a few attribute updates per message (it runs for every DATA message both ways): the
     retention deque holds the messages themselves (the encoded bytes by reference, no copy and no
-    per-message tuple), their sizes are taken again when an ACK releases them, ``sent`` follows
-    from the acknowledged count and what is retained, and ``full`` is kept as a plain attribute
-    for the shell's check before every send.
+    per-message tuple), their sizes are taken again when an ACK releases them, and ``sent``
+    follows from the acknowledged count and what is retained. The per-message steps for text DATA
+    (:meth:`on_sent`, :meth:`on_received`) are plain attribute updates that the session core does
+    inline: a method call each way cost reconnect=True ~2 % of its 1 KB throughput.
     """
 
     __slots__ = (
         "_acked_received",
-        "_retained",
-        "_unacked_bytes",
+        "ack_at",
         "ack_bytes",
         "acked",
         "buffer_bytes",
-        "full",
         "received",
+        "retained",
         "retained_bytes",
         "token",
+        "unacked_bytes",
     )
 
     def __init__(self, buffer_bytes: int, peer_buffer: int, token: str) -> None:
@@ -98,33 +99,39 @@ class ResumeState:
         self.token = token
         self.received = 0  # DATA messages received: what our ACKs carry
         self.acked = 0  # the peer's latest cumulative acknowledgement
-        self._retained: deque[RetainedMessage] = deque()  # seq acked+1 .. sent
+        self.retained: deque[RetainedMessage] = deque()  # seq acked+1 .. sent
         self.retained_bytes = 0
-        self.full = False  # retained_bytes >= buffer_bytes: the next send() must wait
         self._acked_received = 0  # ``received`` as our last ACK carried it
-        self._unacked_bytes = 0  # received since our last ACK
+        self.ack_at = ACK_EVERY  # ``received`` at which an ACK is due whatever the bytes
+        self.unacked_bytes = 0  # received since our last ACK
 
     # -- sending ----------------------------------------------------------------------------------
 
     @property
     def sent(self) -> int:
         """DATA messages sent: the sequence number of the last one."""
-        return self.acked + len(self._retained)
+        return self.acked + len(self.retained)
+
+    @property
+    def full(self) -> bool:
+        """The retention buffer is full: the next send() waits for an acknowledgement."""
+        return self.retained_bytes >= self.buffer_bytes
 
     def on_sent(self, message: RetainedMessage, size: int) -> None:
         """One DATA message was queued: number it and keep it until acknowledged. ``size`` is
-        :func:`message_size` of it (the caller often has it at hand)."""
-        self._retained.append(message)
-        retained = self.retained_bytes + size
-        self.retained_bytes = retained
-        self.full = retained >= self.buffer_bytes
+        :func:`message_size` of it (the caller often has it at hand).
+
+        The session core does the same two steps inline for text DATA, its per-message path
+        (``SessionProtocol.send``; tests/session/test_resume.py checks that both agree)."""
+        self.retained.append(message)
+        self.retained_bytes += size
 
     def on_ack(self, received: int) -> int:
         """The peer acknowledged ``received`` messages; returns how many this released."""
         released = received - self.acked
         if released <= 0:
             return 0
-        retained = self._retained
+        retained = self.retained
         if released > len(retained):
             raise ProtocolError(
                 f"ACK for {received} DATA messages, but only {self.sent} were sent",
@@ -137,7 +144,6 @@ class ResumeState:
             freed += len(message) if type(message) is bytes else message_size(message)
         self.acked = received
         self.retained_bytes -= freed
-        self.full = self.retained_bytes >= self.buffer_bytes
         return released
 
     def replay(self, peer_received: int) -> Iterator[RetainedMessage]:
@@ -149,17 +155,18 @@ class ResumeState:
                 code=SessionCode.INVALID_ACK,
             )
         self.on_ack(peer_received)
-        return iter(list(self._retained))
+        return iter(list(self.retained))
 
     # -- receiving --------------------------------------------------------------------------------
 
     def on_received(self, size: int) -> bool:
-        """One DATA message arrived; returns True when an ACK is due."""
-        received = self.received + 1
-        self.received = received
-        unacked = self._unacked_bytes + size
-        self._unacked_bytes = unacked
-        return unacked >= self.ack_bytes or received - self._acked_received >= ACK_EVERY
+        """One DATA message arrived; returns True when an ACK is due.
+
+        The session core does the same steps inline for text DATA, its per-message path
+        (``SessionProtocol.receive_text``; tests/session/test_resume.py checks that both agree)."""
+        self.received += 1
+        self.unacked_bytes += size
+        return self.unacked_bytes >= self.ack_bytes or self.received >= self.ack_at
 
     @property
     def ack_pending(self) -> bool:
@@ -167,8 +174,9 @@ class ResumeState:
 
     def take_ack(self) -> int:
         """The count to put in an ACK (or a resume handshake) now; resets the ACK triggers."""
-        self._unacked_bytes = 0
+        self.unacked_bytes = 0
         self._acked_received = self.received
+        self.ack_at = self.received + ACK_EVERY
         return self.received
 
     def token_matches(self, token: str | None) -> bool:

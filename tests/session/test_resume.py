@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from m2mwire import avp
 from m2mwire.codecs import Algorithm, Encoding
@@ -330,9 +332,48 @@ def test_zstd_messages_count_decompressed_on_both_ends(binary: bool) -> None:
     assert retained >= 5 * len(_prose(0))  # uncompressed: the bound is on memory held
     got = deliver(client, server)
     assert all(m.algorithm == "zstd" for m in got) and sum(m.wire_bytes for m in got) < retained / 4
-    assert server.resume._unacked_bytes == retained  # the same count on both ends
+    assert server.resume.unacked_bytes == retained  # the same count on both ends
     while not client.resume.full:
         client.send(_prose(9), 1.0)
     deliver(client, server)
     deliver(server, client)  # the ACK that half of the buffer triggered
     assert not client.resume.full
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    contents=st.lists(
+        st.one_of(st.text(max_size=300), st.builds(lambda n: {"k": "v" * n}, st.integers(0, 300))),
+        min_size=1,
+        max_size=40,
+    ),
+    buffer_bytes=st.integers(1, 6000),
+)
+def test_inline_text_steps_agree_with_on_sent_and_on_received(contents: list[Any], buffer_bytes: int) -> None:
+    """send() and receive_text() do ResumeState.on_sent / on_received inline for text DATA (their
+    per-message path): both ends' state must be what the methods make of the same messages, and
+    the receiver's ACKs must come exactly where on_received says one is due."""
+    # zstd left out: its binary form goes the general path (its text form: the zstd tests above)
+    algorithms = tuple(a for a in SessionConfig().algorithms if a is not Algorithm.ZSTD)
+    client, server = established(
+        client_cfg=cfg(resume=True, resume_buffer_bytes=buffer_bytes, algorithms=algorithms)
+    )
+    assert client.resume is not None and server.resume is not None
+    sender = ResumeState(buffer_bytes, 16 * 1024 * 1024, "t")
+    receiver = ResumeState(16 * 1024 * 1024, buffer_bytes, "t")
+    for content in contents:
+        client.send(content, 1.0)
+        (out,) = client.data_to_send()
+        assert isinstance(out, SendMessage) and type(out.message) is bytes
+        sender.on_sent(out.message, len(out.message))
+        assert list(client.resume.retained) == list(sender.retained)
+        assert client.resume.retained_bytes == sender.retained_bytes
+        assert client.resume.full == sender.full
+        assert server.receive_text(out.message, 1.0) is not None
+        acks = [json.loads(o.message)["payload"]["received"] for o in server.data_to_send()]
+        due = receiver.on_received(len(out.message))
+        assert acks == ([receiver.take_ack()] if due else [])
+        assert (server.resume.received, server.resume.unacked_bytes) == (
+            receiver.received,
+            receiver.unacked_bytes,
+        )
