@@ -111,6 +111,14 @@ def test_allowed_restrictions() -> None:
         select_algorithm("x", allowed=[])
     with pytest.raises(EncodeError, match="unknown compression algorithm"):
         select_algorithm("x", allowed=["gzip"])
+    # The allowed set is cached per tuple (a session passes the same one every message): a list,
+    # a tuple, names or members give the same choice, and a bad name raises every time.
+    for allowed in (["none", "brotli"], ("none", "brotli"), (Algorithm.BROTLI, Algorithm.NONE)):
+        assert select_algorithm("#TK|x", allowed=allowed) is Algorithm.BROTLI
+        assert select_algorithm("plain", allowed=allowed) is Algorithm.NONE
+    for _ in range(2):
+        with pytest.raises(EncodeError, match="unknown compression algorithm"):
+            select_algorithm("x", allowed=("none", "gzip"))
 
 
 def test_invalid_options() -> None:
