@@ -28,20 +28,12 @@ from m2mwire.transport.quic import (
     open_quic_channel,
     serve_quic,
 )
+from tests.transport.quicpeers import echo
 
 pytestmark = pytest.mark.timeout(60)
 
 MiB = 1024 * 1024
 Handler = Callable[[QuicChannel], Awaitable[None]]
-
-
-async def echo(channel: QuicChannel) -> None:
-    while True:
-        try:
-            message = await channel.recv()
-        except TransportError:
-            return
-        await channel.send(message)
 
 
 @asynccontextmanager

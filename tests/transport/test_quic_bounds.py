@@ -11,8 +11,6 @@ import asyncio
 import os
 import socket
 import ssl
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 
 import pytest
 from aioquic.quic.configuration import QuicConfiguration
@@ -20,28 +18,10 @@ from aioquic.quic.connection import QuicConnection
 
 from m2mwire.api import Session, connect, open_quic_connection, serve
 from m2mwire.errors import M2MError, TransportError
-from m2mwire.transport.quic import ALPN, QuicChannel, QuicServer, QuicTuning, connect_quic, serve_quic
+from m2mwire.transport.quic import ALPN, QuicServer, QuicTuning, connect_quic
+from tests.transport.quicpeers import quic_server
 
 pytestmark = pytest.mark.timeout(60)
-
-
-async def echo(channel: QuicChannel) -> None:
-    while True:
-        try:
-            message = await channel.recv()
-        except TransportError:
-            return
-        await channel.send(message)
-
-
-@asynccontextmanager
-async def quic_server(**options: object) -> AsyncIterator[QuicServer]:
-    server = await serve_quic(echo, "127.0.0.1", 0, **options)  # type: ignore[arg-type]
-    try:
-        yield server
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 async def good_client_echoes(server: QuicServer) -> None:

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from m2mwire.errors import TransportError
-from m2mwire.transport.quic import QuicChannel, QuicServer, connect_quic, serve_quic
+from m2mwire.transport.quic import connect_quic
 from m2mwire.transport.tls import (
     SelfSignedCert,
     certificate_fingerprint,
@@ -28,6 +28,7 @@ from m2mwire.transport.tls import (
     server_ssl_context,
     verify_fingerprint,
 )
+from tests.transport.quicpeers import quic_server
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -35,25 +36,6 @@ pytestmark = pytest.mark.timeout(60)
 @pytest.fixture(scope="module")
 def cert() -> SelfSignedCert:
     return generate_self_signed()
-
-
-async def echo(channel: QuicChannel) -> None:
-    while True:
-        try:
-            message = await channel.recv()
-        except TransportError:
-            return
-        await channel.send(message)
-
-
-@asynccontextmanager
-async def quic_server(**options: object) -> AsyncIterator[QuicServer]:
-    server = await serve_quic(echo, "127.0.0.1", 0, idle_timeout=5.0, **options)  # type: ignore[arg-type]
-    try:
-        yield server
-    finally:
-        server.close()
-        await server.wait_closed()
 
 
 async def round_trip(port: int, **options: object) -> str | bytes:
@@ -137,14 +119,14 @@ async def test_quic_contradictory_options_and_bad_fingerprint() -> None:
 
 
 async def test_quic_fingerprint_pinning_succeeds() -> None:
-    async with quic_server() as server:
+    async with quic_server(idle_timeout=5.0) as server:
         assert await round_trip(server.port, fingerprint=server.fingerprint) == "ping"
         colons = ":".join(server.fingerprint[i : i + 2] for i in range(0, 64, 2))
         assert await round_trip(server.port, fingerprint=colons.upper()) == "ping"
 
 
 async def test_quic_fingerprint_mismatch_names_both(cert: SelfSignedCert) -> None:
-    async with quic_server() as server:
+    async with quic_server(idle_timeout=5.0) as server:
         wrong = cert.fingerprint
         with pytest.raises(TransportError) as info:
             await round_trip(server.port, fingerprint=wrong)
@@ -155,14 +137,14 @@ async def test_quic_fingerprint_mismatch_names_both(cert: SelfSignedCert) -> Non
 
 async def test_quic_server_fingerprint_is_logged(caplog: pytest.LogCaptureFixture) -> None:
     with caplog.at_level(logging.INFO, logger="m2mwire.transport"):
-        async with quic_server() as server:
+        async with quic_server(idle_timeout=5.0) as server:
             pass
     assert any(server.fingerprint in r.getMessage() for r in caplog.records)
 
 
 async def test_quic_ca_file_and_cadata_verification(cert: SelfSignedCert) -> None:
     with cert.temp_files() as (certfile, keyfile):
-        async with quic_server(certfile=certfile, keyfile=keyfile) as server:
+        async with quic_server(idle_timeout=5.0, certfile=certfile, keyfile=keyfile) as server:
             assert server.fingerprint == cert.fingerprint
             assert await round_trip(server.port, cafile=certfile) == "ping"
             assert await round_trip(server.port, cadata=cert.cert_pem) == "ping"
@@ -173,7 +155,7 @@ async def test_quic_ca_file_and_cadata_verification(cert: SelfSignedCert) -> Non
 
 
 async def test_quic_default_verification_rejects_unknown_self_signed_cert() -> None:
-    async with quic_server() as server:
+    async with quic_server(idle_timeout=5.0) as server:
         with pytest.raises(TransportError) as info:
             await round_trip(server.port)
         assert "fingerprint=" in str(info.value)  # the error says how to trust it
@@ -182,13 +164,13 @@ async def test_quic_default_verification_rejects_unknown_self_signed_cert() -> N
 
 async def test_quic_wrong_ca_is_rejected() -> None:
     other = generate_self_signed()
-    async with quic_server() as server:
+    async with quic_server(idle_timeout=5.0) as server:
         with pytest.raises(TransportError):
             await round_trip(server.port, cadata=other.cert_pem)
 
 
 async def test_quic_insecure_mode_warns_every_time(caplog: pytest.LogCaptureFixture) -> None:
-    async with quic_server() as server:
+    async with quic_server(idle_timeout=5.0) as server:
         with caplog.at_level(logging.WARNING, logger="m2mwire.transport"):
             assert await round_trip(server.port, insecure=True) == "ping"
             assert await round_trip(server.port, insecure=True) == "ping"
@@ -198,7 +180,7 @@ async def test_quic_insecure_mode_warns_every_time(caplog: pytest.LogCaptureFixt
 
 
 async def test_quic_server_fingerprint_seen_by_client() -> None:
-    async with quic_server() as server:
+    async with quic_server(idle_timeout=5.0) as server:
         conn = await connect_quic("127.0.0.1", server.port, fingerprint=server.fingerprint)
         try:
             assert conn.server_fingerprint == server.fingerprint
