@@ -19,7 +19,15 @@ from m2mwire.errors import SessionClosed
 from m2mwire.shell.resume_routes import ResumeRoutes
 from m2mwire.transport.nats.local import LocalNatsServer
 from tests.chaosproxy import TcpChaosProxy
-from tests.test_resume import FAST, IDENT, Exchanging, check_exactly_once_in_order, exchange, workload
+from tests.test_resume import (
+    FAST,
+    IDENT,
+    Exchanging,
+    break_during,
+    check_exactly_once_in_order,
+    exchange,
+    workload,
+)
 
 if TYPE_CHECKING:
     from m2mwire.shell.gateway import Gateway
@@ -100,19 +108,11 @@ async def test_a_websocket_client_resumes_on_its_worker_through_the_gateway(
     async with through_a_gateway_to_a_draining_worker(handler, nats_server) as (session, proxy, gw):
         sid = session.info.session_id
         assert sid is not None and gw.routes.find(sid) is not None  # learned from A's ACCEPT
-        rng = random.Random(33)
 
-        async def cuts() -> None:
-            for mark in sorted(rng.uniform(0.1, 0.8) * count for _ in range(3)):
-                while session.stats.messages_received < mark:
-                    await asyncio.sleep(0.002)
-                resumed = session.stats.reconnects
-                proxy.cut()
-                async with asyncio.timeout(10):
-                    while session.stats.reconnects == resumed:
-                        await asyncio.sleep(0.005)
+        async def cut() -> None:
+            proxy.cut()
 
-        chaos = asyncio.create_task(cuts())
+        chaos = asyncio.create_task(break_during(session, count, random.Random(33), cut))
         client_got = await asyncio.wait_for(exchange(session, to_worker, count), 40)
         await asyncio.wait_for(chaos, 20)
         await asyncio.wait_for(handler.done.wait(), 20)

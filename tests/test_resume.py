@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -134,17 +134,32 @@ async def chaos_run(scheme: str, count: int, max_size: int, seed: int) -> tuple[
             await proxy.close()
 
 
-async def blackhole_during(proxy: UdpChaosProxy, session: Session, count: int, rng: random.Random) -> None:
-    """Blackhole the path three times, at random points of the exchange (by progress, not time:
-    loopback QUIC is fast), each time longer than the 0.6 s it takes to declare the path dead."""
-    for mark in sorted(rng.uniform(0.05, 0.9) * count for _ in range(3)):
+async def break_during(
+    session: Session,
+    count: int,
+    rng: random.Random,
+    breaking: Callable[[], Awaitable[None]],
+    span: tuple[float, float] = (0.1, 0.8),
+) -> None:
+    """Break the connection three times at random points of a ``count``-message exchange (by
+    progress, not time: loopback is fast), each time waiting until the session has resumed."""
+    for mark in sorted(rng.uniform(*span) * count for _ in range(3)):
         while session.stats.messages_received < mark:
             await asyncio.sleep(0.002)
         resumed = session.stats.reconnects
-        proxy.blackhole(rng.uniform(0.8, 1.1))
+        await breaking()
         async with asyncio.timeout(10):
             while session.stats.reconnects == resumed:
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.005)
+
+
+async def blackhole_during(proxy: UdpChaosProxy, session: Session, count: int, rng: random.Random) -> None:
+    """Blackhole the path three times, each time longer than the 0.6 s it takes to declare it dead."""
+
+    async def blackhole() -> None:
+        proxy.blackhole(rng.uniform(0.8, 1.1))
+
+    await break_during(session, count, rng, blackhole, span=(0.05, 0.9))
 
 
 @pytest.mark.timeout(60)

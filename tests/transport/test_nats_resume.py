@@ -28,7 +28,14 @@ from m2mwire.transport.nats.channel import NatsChannel
 from m2mwire.transport.nats.local import LocalNatsServer
 from m2mwire.transport.nats.service import open_nats_channel, serve_nats
 from tests.chaosproxy import TcpChaosProxy
-from tests.test_resume import IDENT, Exchanging, check_exactly_once_in_order, exchange, workload
+from tests.test_resume import (
+    IDENT,
+    Exchanging,
+    break_during,
+    check_exactly_once_in_order,
+    exchange,
+    workload,
+)
 from tests.transport.test_nats import worker_process
 
 # Liveness in fractions of a second, so a refused NATS connection detaches the session (PINGs:
@@ -105,19 +112,11 @@ async def test_a_session_resumes_on_its_worker_while_messages_flow(nats_server: 
 
     async with on_a_draining_worker(nats_server, handler) as (session, proxy, _a):
         sid = session.info.session_id
-        rng = random.Random(23)
 
-        async def outages() -> None:
-            for mark in sorted(rng.uniform(0.1, 0.8) * count for _ in range(3)):
-                while session.stats.messages_received < mark:
-                    await asyncio.sleep(0.005)
-                resumed = session.stats.reconnects
-                await outage(proxy, OUTAGE)
-                async with asyncio.timeout(10):
-                    while session.stats.reconnects == resumed:
-                        await asyncio.sleep(0.01)
+        async def one_outage() -> None:
+            await outage(proxy, OUTAGE)
 
-        chaos = asyncio.create_task(outages())
+        chaos = asyncio.create_task(break_during(session, count, random.Random(23), one_outage))
         client_got = await asyncio.wait_for(exchange(session, to_worker, count), 40)
         await asyncio.wait_for(chaos, 20)
         await asyncio.wait_for(handler.done.wait(), 20)
