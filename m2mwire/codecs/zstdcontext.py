@@ -26,7 +26,7 @@ import functools
 import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Final, Generic, TypeVar
 
 from m2mwire.codecs.checksum import crc32
 from m2mwire.codecs.limits import MiB, check_size
@@ -254,9 +254,43 @@ class _ObjDecompressor:
 
 _Compressor = RawCompressor | _ObjCompressor
 _Decompressor = RawDecompressor | _ObjDecompressor
+_Engine = TypeVar("_Engine", _Compressor, _Decompressor)
 
 
-class ContextCompressor:
+class _Context(Generic[_Engine]):
+    """What both halves of a direction hold: the window, the dictionary, the engine (made on the
+    first message, kept until dropped) and where the next frame starts from."""
+
+    __slots__ = ("_dictionary", "_engine", "_primer", "_raw", "_started", "_window", "messages")
+
+    def __init__(self, window: int, dictionary: ZstdDictionary | None, raw: bool) -> None:
+        self._window = window
+        self._dictionary = dictionary
+        self._raw = raw
+        self._engine: _Engine | None = None
+        self._started = False  # the current frame has begun (else the next message starts one)
+        self._primer: bytes | None = None  # raw-content history of the next frame (see restart)
+        self.messages = 0  # coded since the last reset
+
+    def restart(self, history: bytes) -> None:
+        """End the frame: the next payload starts a new one primed with ``history`` as raw content
+        (``DICT_TYPE_RAWCONTENT``; the shared dictionary is not used in it). Both halves restart
+        with the same bytes (codecs/zstdhistory.py)."""
+        self._started = False
+        self._primer = history
+
+    def reset(self) -> None:
+        """Forget the history: the next payload starts a new frame (resume does this)."""
+        self._started = False
+        self._primer = None
+        self.messages = 0
+
+    def memory_size(self) -> int:
+        """Bytes zstd reserved for this context (0 before the first message)."""
+        return self._engine.memory_size() if self._engine is not None else 0
+
+
+class ContextCompressor(_Context[_Compressor]):
     """The sending half of one direction. Created cheaply; zstd memory is taken on first use.
 
     ``raw``: frames primed with history (:meth:`restart`) use the reusable libzstd context of
@@ -264,7 +298,7 @@ class ContextCompressor:
     frame (False); both make frames the other decodes (the wire is the same).
     """
 
-    __slots__ = ("_dictionary", "_engine", "_level", "_primer", "_raw", "_started", "_window", "messages")
+    __slots__ = ("_level",)
 
     def __init__(
         self,
@@ -280,14 +314,8 @@ class ContextCompressor:
             )
         if not 1 <= level <= 19:
             raise EncodeError(f"zstd level must be 1..19 here, not {level}")
-        self._window = window
+        super().__init__(window, dictionary, raw)
         self._level = level
-        self._dictionary = dictionary
-        self._raw = raw
-        self._engine: _Compressor | None = None  # made on the first message, kept until dropped
-        self._started = False  # the current frame has begun (else the next message starts one)
-        self._primer: bytes | None = None  # raw-content history of the next frame (see restart)
-        self.messages = 0  # compressed since the last reset
 
     def _start(self) -> _Compressor:
         # The primer (given to restart) wins; b"" primes with nothing, not with the dictionary.
@@ -319,28 +347,11 @@ class ContextCompressor:
         self.messages += 1
         return payload
 
-    def restart(self, history: bytes) -> None:
-        """End the frame: the next payload starts a new one primed with ``history`` as raw content
-        (``DICT_TYPE_RAWCONTENT``; the shared dictionary is not used in it). The decompressor is
-        restarted with the same bytes (codecs/zstdhistory.py)."""
-        self._started = False
-        self._primer = history
 
-    def reset(self) -> None:
-        """Forget the history: the next payload starts a new frame (resume does this)."""
-        self._started = False
-        self._primer = None
-        self.messages = 0
-
-    def memory_size(self) -> int:
-        """Bytes zstd reserved for this context (0 before the first message)."""
-        return self._engine.memory_size() if self._engine is not None else 0
-
-
-class ContextDecompressor:
+class ContextDecompressor(_Context[_Decompressor]):
     """The receiving half of one direction: payloads must be fed in the order they were made."""
 
-    __slots__ = ("_dictionary", "_engine", "_primer", "_raw", "_started", "_window", "messages")
+    __slots__ = ()
 
     def __init__(
         self,
@@ -349,13 +360,7 @@ class ContextDecompressor:
         dictionary: ZstdDictionary | None = None,
         raw: bool = True,
     ) -> None:
-        self._window = window
-        self._dictionary = dictionary
-        self._raw = raw
-        self._engine: _Decompressor | None = None
-        self._started = False
-        self._primer: bytes | None = None  # raw-content history of the next frame (see restart)
-        self.messages = 0  # decompressed since the last reset
+        super().__init__(window, dictionary, raw)
 
     def _start(self) -> _Decompressor:
         primer, dictionary, engine = self._primer, self._dictionary, self._engine
@@ -406,18 +411,3 @@ class ContextDecompressor:
             )
         self.messages += 1
         return out
-
-    def restart(self, history: bytes) -> None:
-        """The next payload must start a new frame primed with ``history`` (see ContextCompressor.restart)."""
-        self._started = False
-        self._primer = history
-
-    def reset(self) -> None:
-        """Forget the history: the next payload must start a new frame (resume does this)."""
-        self._started = False
-        self._primer = None
-        self.messages = 0
-
-    def memory_size(self) -> int:
-        """Bytes zstd reserved for this context (0 before the first message)."""
-        return self._engine.memory_size() if self._engine is not None else 0
