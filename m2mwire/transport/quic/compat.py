@@ -6,7 +6,9 @@ aioquic has no public API for what the transport's resource bounds and speed nee
   :class:`FlowControlledConnection` replaces the two methods that write MAX_STREAM_DATA / MAX_DATA,
   and :func:`adopt` gives the connections aioquic's server builds that class;
 * send backpressure (aioquic buffers without limit): :func:`unacked` reads a stream's
-  unacknowledged bytes, :func:`write` appends to a stream without ``send_stream_data``'s lookups;
+  unacknowledged bytes, :func:`write` appends to a stream without ``send_stream_data``'s lookups
+  and gives its sender a :class:`~m2mwire.transport.quic.sendbuffer.SendBuffer` (no whole-buffer
+  copies);
 * stream and connection limits set before the handshake (:func:`configure`), the peer's MAX_STREAMS
   (:func:`bidi_streams_allowed`), the streams aioquic still holds (:func:`has_stream`), the
   negotiated idle timeout and the peer's certificate;
@@ -43,6 +45,7 @@ from aioquic.quic.stream import QuicStream
 from cryptography.x509 import Certificate
 
 from m2mwire.transport.pinned import Pinned
+from m2mwire.transport.quic.sendbuffer import LARGE_WRITE, SendBuffer
 
 __all__ = [
     "VERIFIED_MINOR",
@@ -152,15 +155,24 @@ def has_stream(quic: QuicConnection, stream_id: int) -> bool:
 
 def unacked(stream: QuicStream) -> int:
     """Bytes written to the stream and not yet acknowledged by the peer."""
-    return len(stream.sender._buffer)
+    buffer: bytearray | SendBuffer = stream.sender._buffer
+    return buffer.size if type(buffer) is SendBuffer else len(buffer)  # size: no Python __len__
 
 
 def write(stream: QuicStream, data: bytes | bytearray | memoryview) -> None:
     """What ``send_stream_data`` does once the stream exists, without its per-call lookups.
 
-    aioquic types ``data`` as bytes but appends it to a bytearray, which takes any byte buffer
-    (the channel writes bytes and 1-D byte views); no typing.cast, a call per message."""
-    stream.sender.write(data)  # type: ignore[arg-type]
+    The first write of LARGE_WRITE bytes or more gives the stream's sender a :class:`SendBuffer`
+    in place of its bytearray (QuicStreamSender uses ``+=``, ``len``, ``[a:b]`` and ``del [:n]``
+    on it in 1.7; transport/quic/sendbuffer.py says why). aioquic types ``data`` as bytes; both
+    buffers take bytes and 1-D byte views, which the channel writes: no typing.cast."""
+    sender = stream.sender
+    if (
+        type(sender._buffer) is bytearray
+        and (len(data) if type(data) is not memoryview else data.nbytes) >= LARGE_WRITE
+    ):  # the bytearray aioquic made, taken over with what it holds
+        sender._buffer = SendBuffer(bytes(sender._buffer))  # type: ignore[assignment]
+    sender.write(data)  # type: ignore[arg-type]
 
 
 def sender_finished(stream: QuicStream) -> bool:

@@ -225,8 +225,10 @@ class Connection(compat.ProtocolBase):
         quic = self.quic
         stream_id = quic.get_next_available_stream_id()
         self._channels[stream_id] = channel
-        quic.send_stream_data(stream_id, cast(bytes, data))
-        return stream_id, cast(QuicStream, compat.get_stream(quic, stream_id))
+        quic.send_stream_data(stream_id, b"")  # creates the stream; the data goes through compat
+        stream = cast(QuicStream, compat.get_stream(quic, stream_id))
+        compat.write(stream, data)
+        return stream_id, stream
 
     def wrote(self, channel: QuicChannel, n: int) -> None:
         if not self.unflushed:
