@@ -108,14 +108,16 @@ async def cost_trial(s: Any, key: str) -> tuple[float, float, float]:
 
 
 async def cost(rounds: int, schemes: tuple[str, ...], metrics: tuple[str, ...], aa: bool) -> None:
-    """Two sessions open side by side, one with reconnect=True: trials alternate off/on in ABBA
-    order, the ratio taken per pair (the machine's speed drifts within seconds), median of ratios.
+    """Pairs of sessions open side by side, one with reconnect=True, on fresh connections for each
+    pair: trials alternate off/on in ABBA order, the ratio taken per pair (the machine's speed
+    drifts within seconds), median of ratios.
     CPU time per message, of this process and of the server's, is the steady figure on a shared
     machine: the server reports its process_time at each trial's start and end. ``aa``: both
     sessions without reconnect (an A/A run: what the method itself reads as a difference)."""
     print(
-        f"== cost of reconnect=True when nothing fails: {rounds} ABBA pairs per metric, server in its "
-        f"own process; on/off = median of per-pair ratios; cpu = us per message (RTT: per round trip) =="
+        f"== cost of reconnect=True when nothing fails: {rounds} ABBA pairs per metric (fresh "
+        "connections each), server in its own process; on/off = median of per-pair ratios;\n"
+        "   cpu = us per message (RTT: per round trip) =="
     )
     for scheme in schemes:
         proc = subprocess.Popen(
@@ -128,34 +130,36 @@ async def cost(rounds: int, schemes: tuple[str, ...], metrics: tuple[str, ...], 
             base: dict[str, Any] = {"algorithms": ["none"]}
             if fp:
                 base["fingerprint"] = fp
-            async with (
-                m2mwire.connect(url, **base) as off,
-                m2mwire.connect(url, reconnect=None if aa else True, **base) as on,
-            ):
-                print(
-                    f"{scheme:5} {'metric':11} {'off':>9} {'on':>9} {'on/off':>7}  "
-                    f"{'cli cpu off/on':>15} {'ratio':>6}  {'srv cpu off/on':>15} {'ratio':>6}"
-                )
-                for key in metrics:
-                    for s in (off, on):  # warm-up: fills the retention buffer once
-                        await cost_trial(s, key)
-                    pairs: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
-                    for i in range(rounds):
+            print(
+                f"{scheme:5} {'metric':11} {'off':>9} {'on':>9} {'on/off':>7}  "
+                f"{'cli cpu off/on':>15} {'ratio':>6}  {'srv cpu off/on':>15} {'ratio':>6}"
+            )
+            for key in metrics:
+                pairs: list[tuple[tuple[float, ...], tuple[float, ...]]] = []
+                for i in range(rounds):
+                    # Two fresh connections per pair: how fast the kernel moves one TCP
+                    # connection's bytes on this VM differs from connection to connection (a
+                    # 64 KiB message's system time 5-30 us, whatever the session does), and a
+                    # pair of connections kept for the whole run read that as a difference.
+                    async with (
+                        m2mwire.connect(url, **base) as off,
+                        m2mwire.connect(url, reconnect=None if aa else True, **base) as on,
+                    ):
+                        for s in (off, on):  # warm-up: fills the retention buffer once
+                            await cost_trial(s, key)
                         order = (off, on) if i % 2 == 0 else (on, off)
                         got = {id(s): await cost_trial(s, key) for s in order}
                         pairs.append((got[id(off)], got[id(on)]))
-                    med = [
-                        [statistics.median(p[side][j] for p in pairs) for j in range(3)] for side in (0, 1)
-                    ]
-                    ratio = [statistics.median(p[1][j] / p[0][j] for p in pairs) for j in range(3)]
-                    # RTT is a time (higher is worse); the others rates: report "on is x slower" alike
-                    slower = ratio[0] if key == "rtt_us" else 1 / ratio[0]
-                    print(
-                        f"{scheme:5} {key:11} {med[0][0]:9.1f} {med[1][0]:9.1f} {slower:7.3f}  "
-                        f"{med[0][1] * 1e6:7.1f}/{med[1][1] * 1e6:<7.1f} {ratio[1]:6.3f}  "
-                        f"{med[0][2] * 1e6:7.1f}/{med[1][2] * 1e6:<7.1f} {ratio[2]:6.3f}",
-                        flush=True,
-                    )
+                med = [[statistics.median(p[side][j] for p in pairs) for j in range(3)] for side in (0, 1)]
+                ratio = [statistics.median(p[1][j] / p[0][j] for p in pairs) for j in range(3)]
+                # RTT is a time (higher is worse); the others rates: report "on is x slower" alike
+                slower = ratio[0] if key == "rtt_us" else 1 / ratio[0]
+                print(
+                    f"{scheme:5} {key:11} {med[0][0]:9.1f} {med[1][0]:9.1f} {slower:7.3f}  "
+                    f"{med[0][1] * 1e6:7.1f}/{med[1][1] * 1e6:<7.1f} {ratio[1]:6.3f}  "
+                    f"{med[0][2] * 1e6:7.1f}/{med[1][2] * 1e6:<7.1f} {ratio[2]:6.3f}",
+                    flush=True,
+                )
         finally:
             proc.terminate()
             proc.wait()
