@@ -354,3 +354,27 @@ def test_a_local_server_runs_with_the_gogc_asked_for() -> None:
         assert server._proc is not None
         environ = Path(f"/proc/{server._proc.pid}/environ").read_bytes().split(b"\0")
         assert b"GOGC=400" in environ
+
+
+async def test_closing_after_the_nats_server_died_raises_nothing_and_leaves_nothing_running() -> None:
+    """nats-py's close() first writes what it still holds for the socket; on a connection whose
+    server died that write raised (ConnectionResetError out of server.aclose()), and the
+    close stopped before cancelling the subscriptions' tasks. Regression test for
+    transport/nats/bus.release_bus, which now drops what cannot be delivered first."""
+    timers = {"close_timeout": 0.3}
+    with LocalNatsServer() as nats_server:
+        url = service(nats_server)
+        server = await m2mwire.serve(echo, url, timers=timers)
+        session = await m2mwire.connect(url, timers=timers)
+        await session.send("before")
+        assert (await asyncio.wait_for(session.recv(), 10)).text == "before"
+        nats_server.kill()
+        await asyncio.sleep(0.3)  # nats-py notices, and holds what is published from now on
+        await asyncio.wait_for(session.close(), 10)
+        await asyncio.wait_for(server.aclose(), 10)  # raised ConnectionResetError before
+    for _ in range(20):  # bounded: cancelled tasks finish within a few loop turns
+        left = [t for t in asyncio.all_tasks() if not t.done() and "_wait_for_msgs" in repr(t.get_coro())]
+        if not left:
+            break
+        await asyncio.sleep(0.05)
+    assert not left, f"nats-py subscription tasks left running: {left}"

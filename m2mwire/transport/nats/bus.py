@@ -189,9 +189,21 @@ async def release_bus(bus: Bus) -> None:
     if _buses.get(bus.key) is bus:
         del _buses[bus.key]
         _locks.pop(bus.key, None)
+    nc = bus.nc
+    flushed = False
     try:
-        if bus.nc.is_connected:
-            await bus.nc.flush(timeout=2)  # what the last sessions wrote (CLOSE) reaches the server
+        if nc.is_connected:
+            await nc.flush(timeout=2)  # what the last sessions wrote (CLOSE) reaches the server
+            flushed = True
     except (TimeoutError, NatsError, OSError) as exc:
         log.debug("flushing the NATS connection before closing it: %s", exc)
-    await bus.nc.close()
+    if not flushed:
+        # Not connected (the server gone, nats-py reconnecting) or stuck: nothing pending can
+        # be delivered, and close() would stop at writing it (compat.discard_pending).
+        dropped = compat.discard_pending(nc)
+        if dropped:
+            log.debug("closing the NATS connection: %d bytes it could not send are dropped", dropped)
+    try:
+        await nc.close()
+    except (NatsError, OSError) as exc:  # the connection died between the check and the close
+        log.debug("closing the NATS connection: %s", exc)

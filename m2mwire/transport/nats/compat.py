@@ -22,6 +22,11 @@ Importing this module with another version, or with one of the fields used missi
   StreamReader would copy every read twice (into its buffer, and out of it for ``read()``).
 - :func:`publish_now` writes a large body with ``os.writev`` on the connection's socket, beside
   our header, where asyncio's transport (Python 3.11: ``writelines`` joins) would need them joined.
+- :func:`discard_pending`: nats-py's ``close()`` writes what its pending buffer holds and awaits
+  the socket's drain *before* it cancels the subscriptions' tasks and closes the transport; on a
+  connection that died (the server gone, the client reconnecting) that write raises, and
+  ``close()`` stops there, leaving the error to our caller and the tasks and socket behind.
+  Dropping the pending commands first (they can reach no one) lets ``close()`` finish.
 - :data:`READ_SIZE`: nats-py reads its socket through an ``asyncio.StreamReader`` whose limit and
   read size are the module constant ``DEFAULT_BUFFER_SIZE`` (32 KiB): the reader stops reading the
   socket at 64 KiB buffered, so a 1 MiB message took 32 reads and 16 pauses and resumes of the
@@ -70,6 +75,7 @@ __all__ = [
     "Route",
     "check_attributes",
     "check_version",
+    "discard_pending",
     "install_parser",
     "publish_now",
     "required_attributes",
@@ -191,6 +197,15 @@ def publish_now(nc: Client, subject: str, head: bytes, body: bytes | memoryview 
     if queue.empty():  # publish() kicks the flusher the same way (its queue holds wake-ups)
         queue.put_nowait(asyncio.get_running_loop().create_future())
     return True
+
+
+def discard_pending(nc: Client) -> int:
+    """Drop the commands nats-py holds for the socket (before closing a connection that cannot
+    deliver them; see the module docstring); returns how many bytes were dropped."""
+    dropped: int = nc._pending_data_size
+    nc._pending = []
+    nc._pending_data_size = 0
+    return dropped
 
 
 def _write_now(nc: Client) -> bool:
