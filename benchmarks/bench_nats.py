@@ -9,7 +9,11 @@ interleaved rounds (median reported):
 - one-way MB/s with 64 KiB and 1 MiB text messages (1 MiB is chunked by the NATS transport:
   nats-server's default max_payload is 1 MiB, and the header does not fit beside it);
 - 100 concurrent sessions sending 1 KB messages one way, served by 1 then 2 worker processes
-  (aggregate messages per second); the load comes from 2 client processes.
+  (aggregate messages per second); the load comes from 2 client processes. Twice: with a handler
+  that only counts (the transport alone: clients, nats-server and workers then share this
+  machine's cores, and a second worker has no free core to use), and with a handler that spends
+  ``--work-us`` of CPU on each message, as an agent does (the workers are then the bottleneck,
+  which is what a worker pool is for, and the rest fits beside them).
 
 Goals: NATS throughput >= 0.5x WebSocket, RTT <= 2x.
 
@@ -31,13 +35,24 @@ from m2mwire.transport.nats.local import LocalNatsServer
 BIG = 64 * 1024 * 1024
 
 
-async def _serve(url: str, ready: Any) -> None:
+def _work(seconds: float) -> None:
+    """Spend ``seconds`` of this process's CPU (an agent's work on a message)."""
+    end = time.process_time() + seconds
+    while time.process_time() < end:  # bounded: the process clock advances while we spin
+        pass
+
+
+async def _serve(url: str, ready: Any, work_us: float = 0.0) -> None:
     from m2mwire.api import Session, serve
+
+    work = work_us / 1e6
 
     async def handler(session: Session) -> None:
         count = 0
         async for message in session:
             text = message.text or ""
+            if work:
+                _work(work)
             if text == "#done":
                 await session.send(str(count), algorithm="none")
                 count = 0
@@ -51,8 +66,8 @@ async def _serve(url: str, ready: Any) -> None:
         await asyncio.Future()
 
 
-def _server_main(url: str, ready: Any) -> None:
-    asyncio.run(_serve(url, ready))
+def _server_main(url: str, ready: Any, work_us: float = 0.0) -> None:
+    asyncio.run(_serve(url, ready, work_us))
 
 
 def _raw_echo_main(servers: str, subject: str, ready: Any) -> None:
@@ -105,10 +120,10 @@ async def raw_nats_rtt(servers: str, n: int) -> float:
         proc.terminate()
 
 
-def _start_server(url: str) -> tuple[mp.process.BaseProcess, str]:
+def _start_server(url: str, work_us: float = 0.0) -> tuple[mp.process.BaseProcess, str]:
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
-    proc = ctx.Process(target=_server_main, args=(url, ready), daemon=True)
+    proc = ctx.Process(target=_server_main, args=(url, ready, work_us), daemon=True)
     proc.start()
     return proc, ready.get(timeout=60)
 
@@ -190,11 +205,11 @@ def _load_main(url: str, sessions: int, count: int, start: Any, out: Any) -> Non
     asyncio.run(run())
 
 
-def scaling(nats_base: str, workers: int, sessions: int, count: int) -> float:
+def scaling(nats_base: str, workers: int, sessions: int, count: int, work_us: float = 0.0) -> float:
     """Aggregate one-way 1 KB msgs/s of ``sessions`` sessions (2 client processes) served by
-    ``workers`` worker processes."""
+    ``workers`` worker processes, each spending ``work_us`` of CPU per message."""
     url = f"{nats_base}/bench.{uuid.uuid4().hex}"
-    procs = [_start_server(url)[0] for _ in range(workers)]
+    procs = [_start_server(url, work_us)[0] for _ in range(workers)]
     ctx = mp.get_context("spawn")
     start, out = ctx.Event(), ctx.Queue()
     clients = [ctx.Process(target=_load_main, args=(url, sessions // 2, count, start, out)) for _ in range(2)]
@@ -224,6 +239,12 @@ def main() -> None:
         default=400,
         help="nats-server's GOGC (Go's default is 100; docs/NATS.md recommends 400 for large messages)",
     )
+    parser.add_argument(
+        "--work-us",
+        type=float,
+        default=100.0,
+        help="scaling: CPU microseconds the handler spends per message in the second measurement",
+    )
     args = parser.parse_args()
     with LocalNatsServer(max_payload=1024 * 1024, gogc=args.gogc) as nats_server:
         ws_proc, ws_url = _start_server("ws://127.0.0.1:0")
@@ -245,12 +266,18 @@ def main() -> None:
             print(f"{label:16}{ws:12.1f}{nats:12.1f}{nats / ws:10.2f}")
         print(f"plain nats-py request/answer between two processes (no session), RTT p50 us: {raw:.1f}")
         count = 500 if args.quick else 2000
-        one = scaling(nats_server.url, 1, 100, count)
-        two = scaling(nats_server.url, 2, 100, count)
-        print(
-            f"100 concurrent sessions, one-way 1 KB, aggregate msgs/s: 1 worker {one:,.0f}, "
-            f"2 workers {two:,.0f} ({two / one:.2f}x)"
-        )
+        for work_us, per_session in ((0.0, count), (args.work_us, max(20, int(count * 5 / args.work_us)))):
+            # Interleaved (1, 2, 2, 1 workers ...), median of each: the machine's speed drifts.
+            runs: dict[int, list[float]] = {1: [], 2: []}
+            for r in range(args.rounds):
+                for workers in (1, 2) if r % 2 == 0 else (2, 1):
+                    runs[workers].append(scaling(nats_server.url, workers, 100, per_session, work_us))
+            one, two = statistics.median(runs[1]), statistics.median(runs[2])
+            what = "handler only counts" if not work_us else f"handler spends {work_us:g} us CPU per message"
+            print(
+                f"100 concurrent sessions, one-way 1 KB, {what}, aggregate msgs/s (median of "
+                f"{args.rounds}): 1 worker {one:,.0f}, 2 workers {two:,.0f} ({two / one:.2f}x)"
+            )
 
 
 if __name__ == "__main__":
