@@ -14,7 +14,8 @@ The machine is a shared VM whose speed drifts within seconds, so raw and session
 side by side: round trips alternate in batches of 50 on two open connections, and throughput
 trials alternate raw/session in ABBA order, the ratio taken per pair (4 pairs of 1500 frames
 a round; raw vs raw + avp.decode and raw vs raw with the session's 1 MiB reads are measured after
-them, each in its own pairs).
+them, each in its own pairs). Each one-way text pair runs on two fresh connections (see
+``_text_pairs``).
 
     .venv/bin/python benchmarks/bench_session_ws.py [--rounds 3] [--goals-only]
 """
@@ -210,33 +211,40 @@ async def _one_way_text(
 async def _text_pairs(
     raw_port: int, ses_port: int, size: int, n: int, trials: int
 ) -> list[tuple[tuple[float, float], tuple[float, float]]]:
-    """One-way text of ``size`` bytes, raw vs session in ABBA pairs of ``n`` messages each."""
+    """One-way text of ``size`` bytes, raw vs session in ABBA pairs of ``n`` messages each, each
+    pair on two fresh connections: how fast the kernel moves one TCP connection's bytes on this VM
+    differs from connection to connection (a 64 KiB message's system time 5-30 us, whatever sends
+    it), so a pair of connections kept for all trials made one side look faster for the round."""
     from m2mwire.api import connect
 
     payload = _one_way_payload(size)
-    async with (
-        ws_connect(f"ws://127.0.0.1:{raw_port}", compression=None, max_size=BIG, ping_interval=None) as ws,
-        connect(f"ws://127.0.0.1:{ses_port}", max_payload=BIG, algorithms=["none"]) as session,
-    ):
+    raw_url, ses_url = f"ws://127.0.0.1:{raw_port}", f"ws://127.0.0.1:{ses_port}"
+    pairs = []
+    for i in range(trials):
+        async with (
+            ws_connect(raw_url, compression=None, max_size=BIG, ping_interval=None) as ws,
+            connect(ses_url, max_payload=BIG, algorithms=["none"]) as session,
+        ):
 
-        async def raw_recv() -> str:
-            return str(await ws.recv())
+            async def raw_recv() -> str:
+                return str(await ws.recv())
 
-        async def ses_send(text: str) -> None:
-            await session.send(text, algorithm="none")
+            async def ses_send(text: str) -> None:
+                await session.send(text, algorithm="none")
 
-        async def ses_recv() -> str:
-            return (await session.recv()).text or ""
+            async def ses_recv() -> str:
+                return (await session.recv()).text or ""
 
-        def raw() -> Awaitable[tuple[float, float]]:
-            return _one_way_text(ws.send, raw_recv, payload, n)
-
-        def ses() -> Awaitable[tuple[float, float]]:
-            return _one_way_text(ses_send, ses_recv, payload, n)
-
-        await raw()  # warm-up
-        await ses()
-        return await _abba(raw, ses, trials)
+            await _one_way_text(ws.send, raw_recv, payload, n)  # warm-up
+            await _one_way_text(ses_send, ses_recv, payload, n)
+            if i % 2:  # ABBA: neither side always runs first
+                ses_result = await _one_way_text(ses_send, ses_recv, payload, n)
+                raw_result = await _one_way_text(ws.send, raw_recv, payload, n)
+            else:
+                raw_result = await _one_way_text(ws.send, raw_recv, payload, n)
+                ses_result = await _one_way_text(ses_send, ses_recv, payload, n)
+            pairs.append((raw_result, ses_result))
+    return pairs
 
 
 async def _abba(
