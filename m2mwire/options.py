@@ -58,6 +58,7 @@ class SessionOptions(TypedDict, total=False):
     max_queue_bytes: int
     zstd: ZstdOptions | Mapping[str, Any]
     resume_buffer_bytes: int
+    binary_text: bool
 
 
 class NatsOptions(TypedDict, total=False):

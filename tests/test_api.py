@@ -56,7 +56,8 @@ async def echo(session: Session) -> None:
         elif message.kind == "json":
             await session.send(message.value)
         else:
-            await session.send(message.text or "", binary=message.binary)
+            # the same form back; text in binary form (algorithm none) is sent as text again
+            await session.send(message.text or "", binary=message.binary and message.algorithm != "none")
 
 
 @asynccontextmanager
@@ -453,3 +454,25 @@ async def test_server_shutdown_closes_sessions_in_order(scheme: str) -> None:
     assert event is not None and event.by_peer and event.error is None
     assert event.reason == "server shutting down"
     await session.close()
+
+
+async def test_large_text_travels_in_binary_form_on_every_transport(scheme: str) -> None:
+    """Text DATA of BINARY_TEXT_MIN bytes or more goes as one binary message without JSON escaping
+    (session/binarytext.py), both ways and over each transport; smaller text stays a JSON text
+    message."""
+    from m2mwire.session.binarytext import BINARY_TEXT_MIN
+
+    async def handler(session: Session) -> None:
+        async for message in session:
+            await session.send(message.text or "", algorithm="none")
+
+    texts = ['{"quote": "\\"", "line": "a\\nb"}\n' + "é ✓ " * BINARY_TEXT_MIN, 'small "text"\n']
+    async with running(handler, scheme) as server:
+        async with connect(server.url, algorithms=["none"], **client_opts(server)) as session:
+            assert session.info.binary_text
+            for text in texts:
+                sent = await session.send(text, algorithm="none")
+                got = await asyncio.wait_for(session.recv(), 10)
+                big = len(text.encode()) >= BINARY_TEXT_MIN
+                assert got.text == text and got.algorithm == "none"
+                assert sent.binary is big and got.binary is big

@@ -138,6 +138,9 @@ class Capabilities(msgspec.Struct, kw_only=True):
     traceparent: str | msgspec.UnsetType = msgspec.UNSET
     tracestate: str | msgspec.UnsetType = msgspec.UNSET
     resume: ResumeCaps | msgspec.UnsetType = msgspec.UNSET  # ours: absent unless resume is offered
+    # Ours: true when the sender takes large text DATA in binary form (docs/PROTOCOL.md §4, kind
+    # 'T': the envelope line, a line feed, the content's UTF-8 bytes, no JSON escaping).
+    binary_text: bool | msgspec.UnsetType = msgspec.UNSET
 
 
 class Rejection(msgspec.Struct, kw_only=True):

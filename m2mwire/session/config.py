@@ -131,6 +131,8 @@ class SessionConfig:
     resume_window: float = 60.0
     resume_buffer_bytes: int = 16 * MiB
     resume: bool = False  # client: offer resume in HELLO (set by connect(reconnect=...))
+    # Offer (and use) text DATA in binary form for large messages (docs/PROTOCOL.md §4, kind 'T').
+    binary_text: bool = True
 
     def resolved_encodings(self) -> tuple[Encoding, ...]:
         return self.encodings or tuple(available_encodings())
@@ -191,6 +193,8 @@ def make_config(options: dict[str, Any]) -> SessionConfig:
     window = opts.get("resume_window", 60.0)
     if isinstance(window, bool) or not isinstance(window, int | float) or window < 0:
         raise ConfigError(f"resume_window= takes seconds (0 turns resume off), not {window!r}")
+    if not isinstance(opts.get("binary_text", True), bool):
+        raise ConfigError(f"binary_text= takes True or False, not {opts['binary_text']!r}")
     buffer = opts.get("resume_buffer_bytes", 16 * MiB)
     if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 1:
         raise ConfigError(f"resume_buffer_bytes= takes a number of bytes above 0, not {buffer!r}")

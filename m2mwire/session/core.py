@@ -34,6 +34,7 @@ from m2mwire.codecs import (
 )
 from m2mwire.codecs.buffers import Buffer
 from m2mwire.codecs.jsonutil import check_json_text, dumps_compact
+from m2mwire.codecs.select import select_algorithm
 from m2mwire.codecs.utf8 import check_utf8, utf8_len
 from m2mwire.errors import (
     DecodeError,
@@ -64,6 +65,7 @@ from m2mwire.schemas.messages import (
     decode_message,
     encode_message,
 )
+from m2mwire.session.binarytext import BINARY_TEXT_MIN, BinaryText
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, SessionConfig
 from m2mwire.session.negotiation import (
     Negotiated,
@@ -160,6 +162,7 @@ class SessionInfo:
     zstd_window: int = 0  # the agreed zstd window in bytes; 0 when zstd was not negotiated
     zstd_dictionary: str = ""  # SHA-256 (hex) of the shared zstd dictionary in use, if any
     zstd_history: bool = False  # zstd shares history across directions (binary kind 0x48)
+    binary_text: bool = False  # large text DATA may travel in binary form (kind 'T'), both ways
 
 
 @dataclass(slots=True)
@@ -377,6 +380,7 @@ class SessionProtocol:
         self._warned_at = -WARNING_INTERVAL  # rate limit of _warn()
         self._warnings_suppressed = 0
         self._zstd: ZstdSessionState | None = None  # both zstd contexts, when zstd was negotiated
+        self._binary_text: BinaryText | None = None  # when binary_text was negotiated
         # Resume (docs/PROTOCOL.md "Resume"): None unless both ends negotiated it. While
         # ``attached`` is False the session is ESTABLISHED without a connection: DATA sent is
         # retained only, and a server's ``_resume_deadline`` (resume_window) ends the wait.
@@ -500,6 +504,7 @@ class SessionProtocol:
                 payload_limit=self._payload_limit,
                 zstd=self._zstd,
                 session_id=self._session_id,
+                binary_text=self._binary_text,
             )
         except M2MError as exc:  # DecodeError, LimitExceeded, TokenizerUnavailable, ...
             self._refuse_data("binary frame", exc)
@@ -584,6 +589,16 @@ class SessionProtocol:
                 if zsent is not None:
                     self._account_sent(zsent, now)
                     return zsent
+            if self._binary_text is not None and original >= BINARY_TEXT_MIN:
+                if algorithm is None:  # chosen here once, and passed on to encode_text
+                    algorithm = select_algorithm(
+                        text, allowed=info.algorithms, optimize=self.config.optimize, encoding=info.encoding
+                    )
+                if algorithm is Algorithm.NONE and Algorithm.NONE in info.algorithms:
+                    fields = (request_id, reply_to, more, trace) if correlated else None
+                    sent = self._send_binary_text(text, content_type, original, fields)
+                    self._account_sent(sent, now)
+                    return sent
             envelope, name, wire, wire_len = encode_text(
                 text,
                 content_type,
@@ -613,6 +628,27 @@ class SessionProtocol:
                 sent = SentInfo(name, False, original, wire_len)
         self._account_sent(sent, now)
         return sent
+
+    def _send_binary_text(
+        self,
+        text: str,
+        content_type: Literal["text", "json"],
+        original: int,
+        correlation: tuple[str | None, str | None, bool, Mapping[str, str] | None] | None,
+    ) -> SentInfo:
+        """Queue ``text`` as text DATA in binary form (session/binarytext.py)."""
+        assert self._binary_text is not None
+        payload = correlate(DataPayload(algorithm="none", content=""), *correlation) if correlation else None
+        frame = self._binary_text.encode(text, content_type, payload)
+        if len(frame) > self._payload_limit:
+            check_payload_size(len(frame), self._payload_limit, "DATA message")
+        self._queue_data(SendMessage((frame,)))
+        if self.config.token_stats:
+            tokens = count_tokens(text)  # the content travels as it is
+            self.stats.original_tokens_sent += tokens
+            self.stats.wire_tokens_sent += tokens
+            return SentInfo("none", True, original, len(frame), tokens, tokens)
+        return SentInfo("none", True, original, len(frame))
 
     def _send_zstd(
         self,
@@ -899,6 +935,7 @@ class SessionProtocol:
             max_payload=cfg.max_payload,
             identity=cfg.identity,
             zstd=self._own_zstd_caps(),
+            binary_text=cfg.binary_text,
         )
         if isinstance(result, Refusal):
             self._reject(result.code, result.message)
@@ -957,6 +994,7 @@ class SessionProtocol:
             preferred_encoding=cfg.resolved_preferred(),
             max_payload=cfg.max_payload,
             zstd=self._own_zstd_caps(),
+            binary_text=cfg.binary_text,
         )
         if isinstance(result, Refusal):
             self._session_id = sid
@@ -1251,6 +1289,7 @@ class SessionProtocol:
             avp=LatentCaps(identity=cfg.identity) if cfg.identity is not None else LatentCaps(),
             token=cfg.token if cfg.token is not None and self.role is Role.CLIENT else msgspec.UNSET,
             resume=ResumeCaps(buffer=cfg.resume_buffer_bytes) if self._offers_resume() else msgspec.UNSET,
+            binary_text=True if cfg.binary_text else msgspec.UNSET,
         )
 
     def _own_zstd_caps(self) -> ZstdCaps | None:
@@ -1281,7 +1320,10 @@ class SessionProtocol:
             zstd_window=result.zstd.window if result.zstd is not None else 0,
             zstd_dictionary=(result.zstd.dictionary or "") if result.zstd is not None else "",
             zstd_history=result.zstd is not None and result.zstd.history,
+            binary_text=result.binary_text,
         )
+        if result.binary_text:
+            self._binary_text = BinaryText(self._session_id)
         self._payload_limit = result.max_payload or self.config.limits.max_message_bytes
         if self._payload_limit < self._limits.max_output_bytes:
             self._limits = replace(self._limits, max_output_bytes=self._payload_limit)

@@ -60,6 +60,7 @@ class Negotiated:
     mode_reason: str
     avp_map_id: str = ""
     zstd: ZstdAgreement | None = None  # set when "zstd" is among the algorithms
+    binary_text: bool = False  # both ends take large text DATA in binary form (kind 'T')
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,8 +173,10 @@ def negotiate_server(
     max_payload: int,
     identity: ModelIdentity | None,
     zstd: ZstdCaps | None = None,
+    binary_text: bool = False,
 ) -> Negotiated | Refusal:
-    """The server's decision on a client's HELLO."""
+    """The server's decision on a client's HELLO (``binary_text``: the server takes text DATA in
+    binary form)."""
     if not version_compatible(hello.version):
         return Refusal(
             RejectCode.VERSION_MISMATCH, f"Version {hello.version} not compatible with {PROTOCOL_VERSION}"
@@ -200,6 +203,7 @@ def negotiate_server(
         mode_reason=resolution.reason,
         avp_map_id=resolution.avp_map_id,
         zstd=agreed,
+        binary_text=binary_text and hello.binary_text is True,
     )
 
 
@@ -232,6 +236,7 @@ def accept_capabilities(server_caps: Capabilities, result: Negotiated) -> Capabi
         avp=LatentCaps(
             identity=identity, mode=result.mode, reason=result.mode_reason, avp_map_id=result.avp_map_id
         ),
+        binary_text=True if result.binary_text else msgspec.UNSET,
     )
 
 
@@ -243,8 +248,9 @@ def negotiate_client(
     preferred_encoding: Encoding | None,
     max_payload: int,
     zstd: ZstdCaps | None = None,
+    binary_text: bool = False,
 ) -> Negotiated | Refusal:
-    """The client's view of an ACCEPT.
+    """The client's view of an ACCEPT (``binary_text``: the client offered text DATA in binary form).
 
     Works both with our servers (ACCEPT holds the negotiated set) and with servers that answer with
     their full capabilities, as the existing implementation does: the client intersects again.
@@ -278,4 +284,5 @@ def negotiate_client(
         mode_reason=reason,
         avp_map_id=latent.avp_map_id if latent is not None else "",
         zstd=agreed,
+        binary_text=binary_text and accept.binary_text is True,
     )

@@ -44,6 +44,7 @@ from m2mwire.codecs.zstdcontext import ZSTD_PREFIX, payload_bound
 from m2mwire.errors import DecodeError, EncodeError, LimitExceeded
 from m2mwire.schemas.codes import SessionCode, Violation
 from m2mwire.schemas.messages import DataPayload, encode_data
+from m2mwire.session.binarytext import BINARY_TEXT_KIND, BinaryText
 from m2mwire.session.zstdstate import ZstdMessage, ZstdSessionState, text_form_bound
 
 if TYPE_CHECKING:
@@ -189,12 +190,14 @@ def decode_binary(
     payload_limit: int,
     zstd: ZstdSessionState | None,
     session_id: str | None,
+    binary_text: BinaryText | None = None,
 ) -> Message | Violation:
     """The Message of one binary frame, by its first byte: an AVP frame (``mode`` must be LATENT),
     an M2M v1 frame in binary form, a zstd-context message (when ``zstd`` was negotiated, and for
-    ``session_id``) or TokenNative binary. A frame that breaks a rule is a Violation; one that
-    cannot be decoded raises M2MError. ``payload_limit`` (the negotiated max_payload) bounds a
-    compressed AVP payload before it is decompressed."""
+    ``session_id``), text DATA in binary form (when ``binary_text`` was negotiated) or TokenNative
+    binary. A frame that breaks a rule is a Violation; one that cannot be decoded raises M2MError.
+    ``payload_limit`` (the negotiated max_payload) bounds a compressed AVP payload before it is
+    decompressed."""
     view = data if type(data) is bytes else memoryview(data)  # bytes index and slice as they are
     size = len(view)
     if size == 0:
@@ -239,30 +242,48 @@ def decode_binary(
     if first == _M2M_FIRST:
         text = decode_m2m_binary(view, limits=limits)
         return _binary_text(text, "m2m", size)
+    if binary_text is not None and first == BINARY_TEXT_KIND:
+        frame_session, payload, kind, text = binary_text.decode(view)
+        return _enveloped(frame_session, session_id, payload, kind, text, "none", size, limits)
     if zstd is not None and first == zstd.kind:  # 0x5A, or 0x48 with shared history
         frame_session, payload, kind, text = zstd.decode_binary(view, payload_limit)
-        if frame_session != session_id:
-            return Violation(
-                SessionCode.UNKNOWN_SESSION, f"DATA for session {frame_session!r} on session {session_id!r}"
-            )
-        held = sys.getsizeof(text)
-        value = None
-        if kind == "json":
-            value, cost = parse_json(text, limits=limits)
-            held += cost
-        return _data_message(payload, kind, "zstd", True, size, utf8_len(text), text, value, held)
+        return _enveloped(frame_session, session_id, payload, kind, text, "zstd", size, limits)
     if first in _TOKENNATIVE_BINARY_IDS:
         return _binary_text(decompress_binary(view, limits=limits), "tokennative", size)
     zstd_kind = (
-        f" or {chr(zstd.kind)!r} (zstd context, as negotiated)"
+        f", {chr(zstd.kind)!r} (zstd context, as negotiated)"
         if zstd is not None
         else " (zstd frames only once zstd is negotiated)"
     )
+    text_kind = ", 'T' (text, as negotiated)" if binary_text is not None else ""
     return Violation(
         SessionCode.MALFORMED_MESSAGE,
         f"binary frame starts with byte 0x{first:02x}: expected 0x00-0x02 (TokenNative), "
-        f"'#' (M2M v1), 'A' (AVP){zstd_kind}",
+        f"'#' (M2M v1), 'A' (AVP){zstd_kind}{text_kind}",
     )
+
+
+def _enveloped(
+    frame_session: str | None,
+    session_id: str | None,
+    payload: DataPayload | None,
+    kind: Literal["text", "json"],
+    text: str,
+    algorithm: str,
+    size: int,
+    limits: Limits,
+) -> Message | Violation:
+    """The Message of a binary DATA message that carries its own envelope (zstd, binary text)."""
+    if frame_session != session_id:
+        return Violation(
+            SessionCode.UNKNOWN_SESSION, f"DATA for session {frame_session!r} on session {session_id!r}"
+        )
+    held = sys.getsizeof(text)
+    value = None
+    if kind == "json":
+        value, cost = parse_json(text, limits=limits)
+        held += cost
+    return _data_message(payload, kind, algorithm, True, size, utf8_len(text), text, value, held)
 
 
 def _binary_text(text: str, algorithm: str, size: int) -> Message:
