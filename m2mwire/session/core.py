@@ -65,7 +65,7 @@ from m2mwire.schemas.messages import (
     decode_message,
     encode_message,
 )
-from m2mwire.session.binarytext import BINARY_TEXT_MIN, BinaryText
+from m2mwire.session.binarytext import BINARY_TEXT_MIN, BinaryText, BinaryTextMessage
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, SessionConfig
 from m2mwire.session.negotiation import (
     Negotiated,
@@ -639,16 +639,23 @@ class SessionProtocol:
         """Queue ``text`` as text DATA in binary form (session/binarytext.py)."""
         assert self._binary_text is not None
         payload = correlate(DataPayload(algorithm="none", content=""), *correlation) if correlation else None
-        frame = self._binary_text.encode(text, content_type, payload)
-        if len(frame) > self._payload_limit:
-            check_payload_size(len(frame), self._payload_limit, "DATA message")
-        self._queue_data(SendMessage((frame,)))
+        message = self._binary_text.encode(text, content_type, payload)
+        size = message.size
+        if size > self._payload_limit:
+            check_payload_size(size, self._payload_limit, "DATA message")
+        frame = message.take_frame()
+        r = self.resume
+        if r is not None:  # retained as head + text, framed again on a resume (BinaryTextMessage)
+            r.on_sent(message, size)
+        if r is None or self._live:  # detached: retained only, sent on resume
+            self._outputs.append(SendMessage((frame,)))
+            self.outputs_total += 1
         if self.config.token_stats:
             tokens = count_tokens(text)  # the content travels as it is
             self.stats.original_tokens_sent += tokens
             self.stats.wire_tokens_sent += tokens
-            return SentInfo("none", True, original, len(frame), tokens, tokens)
-        return SentInfo("none", True, original, len(frame))
+            return SentInfo("none", True, original, size, tokens, tokens)
+        return SentInfo("none", True, original, size)
 
     def _send_zstd(
         self,
@@ -1211,6 +1218,8 @@ class SessionProtocol:
             if isinstance(message, ZstdMessage):  # compressed again in the fresh context
                 assert self._zstd is not None  # only a zstd session retains one
                 message = self._zstd.wire(message)
+            elif isinstance(message, BinaryTextMessage):
+                message = (message.take_frame(),)
             self._queue_output(SendMessage(message))
         self.stats.reconnects += 1
         self.stats.retransmitted += len(pending)

@@ -47,6 +47,7 @@ from m2mwire.codecs.buffers import Buffer
 from m2mwire.codecs.limits import MiB
 from m2mwire.errors import ProtocolError
 from m2mwire.schemas.codes import SessionCode
+from m2mwire.session.binarytext import BinaryTextMessage
 from m2mwire.session.zstdstate import ZstdMessage
 
 __all__ = ["ACK_EVERY", "ACK_FRACTION", "DEFAULT_RESUME_BUFFER", "ResumeState", "message_size", "new_token"]
@@ -56,8 +57,9 @@ ACK_EVERY = 1024  # DATA messages received before an ACK is due, whatever their 
 ACK_FRACTION = 8  # ... or this fraction of the peer's retention buffer in bytes (module docstring)
 _TOKEN_BYTES = 32  # 256 bits of secret: a session id alone never resumes a session
 
-# A text message's UTF-8 bytes, a binary message's buffers, or a zstd message to compress again.
-RetainedMessage = bytes | tuple[Buffer, ...] | ZstdMessage
+# A text message's UTF-8 bytes, a binary message's buffers, a zstd message to compress again, or
+# text in binary form to frame again.
+RetainedMessage = bytes | tuple[Buffer, ...] | ZstdMessage | BinaryTextMessage
 
 
 def new_token() -> str:
@@ -66,7 +68,7 @@ def new_token() -> str:
 
 def message_size(message: RetainedMessage) -> int:
     """Size of one message as both ends count it for acknowledgements (see the module docstring)."""
-    if isinstance(message, ZstdMessage):
+    if isinstance(message, ZstdMessage | BinaryTextMessage):
         return message.size
     if isinstance(message, bytes):
         return len(message)

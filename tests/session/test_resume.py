@@ -16,6 +16,7 @@ from m2mwire import avp
 from m2mwire.codecs import Algorithm, Encoding
 from m2mwire.errors import ProtocolError, SessionClosed
 from m2mwire.schemas.identity import ModelIdentity
+from m2mwire.session.binarytext import BINARY_TEXT_MIN, BinaryTextMessage
 from m2mwire.session.config import SessionConfig, ZstdOptions
 from m2mwire.session.core import (
     Closed,
@@ -192,6 +193,39 @@ def test_resume_retransmits_exactly_what_each_side_missed() -> None:
     client.send("c5", 6.0)
     assert [m.text for m in deliver(client, server)] == ["c5"]
     assert server.resume is not None and server.resume.received == 5
+
+
+def test_text_in_binary_form_is_retained_as_its_text_and_framed_again_on_resume() -> None:
+    """Resume keeps a binary-form text message as its envelope line and the caller's str
+    (BinaryTextMessage), not its frame; the retransmission is the same bytes, counted alike."""
+    client, server = established()
+    big = ['a "quoted" line\n' + str(i) * BINARY_TEXT_MIN for i in range(3)]
+    client.send(big[0], 1.0, algorithm=Algorithm.NONE)
+    assert [m.text for m in deliver(client, server)] == [big[0]]
+    client.send(big[1], 2.0, algorithm=Algorithm.NONE)
+    sent = [o.message for o in client.data_to_send() if isinstance(o, SendMessage)]
+    client.send(big[2], 2.5, algorithm=Algorithm.NONE)  # lost with the connection, like big[1]
+    client.data_to_send()
+    assert client.resume is not None
+    retained = list(client.resume.retained)
+    assert all(isinstance(m, BinaryTextMessage) and m.frame is None for m in retained)
+    assert retained[-2].text is big[1]  # the caller's own str, by reference
+    client.transport_closed(None, 3.0)
+    server.transport_closed(None, 3.0)
+    drain(client), drain(server)
+    fresh = SessionProtocol(Role.SERVER, cfg())
+    fresh.initiate(5.0)
+    client.begin_resume(5.0)
+    deliver(client, fresh)
+    (request,) = drain(fresh)
+    assert isinstance(request, ResumeRequested)
+    server.attach(request.received, 5.0)
+    deliver(server, client, 5.0)
+    outs = [o for o in client.data_to_send() if isinstance(o, SendMessage)]
+    assert [o.binary for o in outs] == [True, True] and outs[0].message == sent[0]
+    got = [server.receive_binary(o.message[0], 5.0) for o in outs]  # type: ignore[arg-type]
+    assert [m.text for m in got if m is not None] == big[1:]
+    assert server.resume is not None and server.resume.received == 3
 
 
 def test_missed_pongs_detach_instead_of_closing() -> None:
