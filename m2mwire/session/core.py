@@ -646,7 +646,8 @@ class SessionProtocol:
         frame = message.take_frame()
         r = self.resume
         if r is not None:  # retained as head + text, framed again on a resume (BinaryTextMessage)
-            r.on_sent(message, size)
+            r.retained.append(message)  # ResumeState.on_sent inline, as for text DATA
+            r.retained_bytes += size
         if r is None or self._live:  # detached: retained only, sent on resume
             self._outputs.append(SendMessage((frame,)))
             self.outputs_total += 1

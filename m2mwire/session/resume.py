@@ -149,7 +149,15 @@ class ResumeState:
         popleft = retained.popleft
         for _ in range(released):
             message = popleft()
-            freed += len(message) if type(message) is bytes else message_size(message)
+            kind = type(message)
+            # bytes (text DATA) and text in binary form first: the per-message cases
+            freed += (
+                len(message)  # type: ignore[arg-type]
+                if kind is bytes
+                else message.size  # type: ignore[union-attr]
+                if kind is BinaryTextMessage
+                else message_size(message)
+            )
         self.acked = received
         self.retained_bytes -= freed
         return released
