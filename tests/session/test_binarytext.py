@@ -11,11 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from m2mwire.codecs import Algorithm
-from m2mwire.errors import ProtocolError
 from m2mwire.schemas.messages import DataPayload, encode_data_bytes
 from m2mwire.session.binarytext import BINARY_TEXT_KIND, BINARY_TEXT_MIN
-from m2mwire.session.core import Message, Role, SendMessage, SessionProtocol, State
+from m2mwire.session.core import Message, Role, SendMessage, SessionProtocol
 from tests.session.test_core import cfg, drain, pair, pump
+from tests.session.test_zstd_session import violation
 
 A = Algorithm
 BIG = "x" * BINARY_TEXT_MIN
@@ -25,14 +25,6 @@ def one_out(p: SessionProtocol) -> SendMessage:
     (out,) = p.data_to_send()
     assert isinstance(out, SendMessage)
     return out
-
-
-def violation(p: SessionProtocol) -> ProtocolError:
-    closed = [e for e in drain(p) if e.__class__.__name__ == "Closed"]
-    assert p.state is State.CLOSED and closed
-    err = closed[-1].error
-    assert isinstance(err, ProtocolError)
-    return err
 
 
 def test_negotiated_when_both_offer_it_and_on_the_wire() -> None:

@@ -195,6 +195,20 @@ def test_resume_retransmits_exactly_what_each_side_missed() -> None:
     assert server.resume is not None and server.resume.received == 5
 
 
+def resume_over_a_fresh_connection(
+    client: SessionProtocol, server: SessionProtocol, server_cfg: SessionConfig, now: float
+) -> None:
+    """The client resumes: its HELLO reaches a fresh server-side protocol, which reports it, and
+    the server session it names takes the new connection over."""
+    fresh = SessionProtocol(Role.SERVER, server_cfg)
+    fresh.initiate(now)
+    client.begin_resume(now)
+    deliver(client, fresh)
+    (request,) = drain(fresh)
+    assert isinstance(request, ResumeRequested)
+    server.attach(request.received, now)
+
+
 def test_text_in_binary_form_is_retained_as_its_text_and_framed_again_on_resume() -> None:
     """Resume keeps a binary-form text message as its envelope line and the caller's str
     (BinaryTextMessage), not its frame; the retransmission is the same bytes, counted alike."""
@@ -213,13 +227,7 @@ def test_text_in_binary_form_is_retained_as_its_text_and_framed_again_on_resume(
     client.transport_closed(None, 3.0)
     server.transport_closed(None, 3.0)
     drain(client), drain(server)
-    fresh = SessionProtocol(Role.SERVER, cfg())
-    fresh.initiate(5.0)
-    client.begin_resume(5.0)
-    deliver(client, fresh)
-    (request,) = drain(fresh)
-    assert isinstance(request, ResumeRequested)
-    server.attach(request.received, 5.0)
+    resume_over_a_fresh_connection(client, server, cfg(), 5.0)
     deliver(server, client, 5.0)
     outs = [o for o in client.data_to_send() if isinstance(o, SendMessage)]
     assert [o.binary for o in outs] == [True, True] and outs[0].message == sent[0]
@@ -333,13 +341,7 @@ def test_zstd_resumes_with_fresh_contexts_and_retransmits_recompressed(binary: b
     server.transport_closed(None, 3.0)
     drain(client), drain(server)
     client.send(_prose(6), 4.0)
-    fresh = SessionProtocol(Role.SERVER, cfg(zstd=zstd))
-    fresh.initiate(5.0)
-    client.begin_resume(5.0)
-    deliver(client, fresh)
-    (request,) = drain(fresh)
-    assert isinstance(request, ResumeRequested)
-    server.attach(request.received, 5.0)
+    resume_over_a_fresh_connection(client, server, cfg(zstd=zstd), 5.0)
     after = deliver(server, client, 5.0) + deliver(client, server, 5.0)
     client.send(_prose(7), 6.0)
     server.send(_prose(8), 6.0)
