@@ -51,6 +51,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from _cpus import pin_client_and_servers, unpin
 from _loop import use_loop_from_env
 from aioquic.asyncio.protocol import QuicConnectionProtocol
 from aioquic.asyncio.server import serve as aioquic_serve
@@ -739,6 +740,9 @@ def main() -> None:
         default=[],
         help="QuicTuning overrides for the QUIC channel suite, e.g. stream_window=4194304",
     )
+    parser.add_argument(
+        "--no-pin", action="store_true", help="leave the client and servers unpinned (benchmarks/_cpus.py)"
+    )
     args = parser.parse_args()
     overrides: dict[str, Any] = {}
     for item in args.tuning:
@@ -762,6 +766,7 @@ def main() -> None:
             process, port, fingerprint = start_server(s)
             processes.append(process)
             servers[s.name] = (port, fingerprint)
+        print(pin_client_and_servers(p.pid for p in processes if p.pid) if not args.no_pin else "not pinned")
         rounds = run_rounds(suites, servers, args.quick, args.rounds)
         results = asyncio.run(asyncio.wait_for(rounds, 60 + 60 * args.rounds))
         for s in suites:
@@ -770,6 +775,7 @@ def main() -> None:
         for process in processes:
             process.terminate()
             process.join(5)
+        unpin()
     print()
     report(suites, results)
     print(f"\ntotal {time.perf_counter() - started:.0f} s, load average {os.getloadavg()[0]:.2f}")

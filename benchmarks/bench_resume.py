@@ -2,9 +2,10 @@
 
 1. Cost: RTT p50 (100 B echo) and one-way throughput of 1 KB and 64 KiB text, ``reconnect=True``
    against no reconnect, two sessions open side by side to a server in its own process (as users
-   run it); trials alternate in ABBA pairs, the ratio taken per pair, median of the ratios; with
-   the CPU time per message of this process and of the server process (the steady figure on a
-   shared machine). Goal: <= 5 % slower.
+   run it; the client and the server on a CPU each, benchmarks/_cpus.py); trials alternate in
+   ABBA pairs, the ratio taken per pair, median of the ratios; with the CPU time per message of
+   this process and of the server process (the steady figure on a shared machine). Goal: <= 5 %
+   slower.
 2. Chaos: a TCP proxy (WebSocket) cuts connections mid-frame, or a UDP proxy (QUIC) blackholes
    the path, or a TCP proxy between the client and nats-server (NATS) cuts the client's NATS
    connection mid-frame (nats-py reconnects, the channel resends) and, at 7 points, refuses it for
@@ -18,6 +19,7 @@
 
     PYTHONPATH=$PWD .venv/bin/python benchmarks/bench_resume.py [--full] [--count N] [--rounds 8]
         [--only cost|chaos] [--scheme ws|quic|nats] [--metric rtt_us|1KB_msg_s|64KiB_MB_s] [--aa]
+        [--no-pin]
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import m2mwire  # noqa: E402
+from benchmarks._cpus import pin_client_and_servers, unpin  # noqa: E402
 from m2mwire.transport.nats.local import LocalNatsServer  # noqa: E402
 from tests.chaosproxy import TcpChaosProxy, UdpChaosProxy  # noqa: E402
 from tests.test_resume import IDENT, same, workload_items  # noqa: E402
@@ -107,7 +110,9 @@ async def cost_trial(s: Any, key: str) -> tuple[float, float, float]:
     return rate, (ccpu1 - ccpu0) / n, (scpu1 - scpu0) / n
 
 
-async def cost(rounds: int, schemes: tuple[str, ...], metrics: tuple[str, ...], aa: bool) -> None:
+async def cost(
+    rounds: int, schemes: tuple[str, ...], metrics: tuple[str, ...], aa: bool, pin: bool = True
+) -> None:
     """Pairs of sessions open side by side, one with reconnect=True, on fresh connections for each
     pair: trials alternate off/on in ABBA order, the ratio taken per pair (the machine's speed
     drifts within seconds), median of ratios.
@@ -126,6 +131,7 @@ async def cost(rounds: int, schemes: tuple[str, ...], metrics: tuple[str, ...], 
         try:
             assert proc.stdout is not None
             port, _, fp = proc.stdout.readline().strip().partition(" ")
+            print(f"   {pin_client_and_servers([proc.pid]) if pin else 'not pinned (--no-pin)'}")
             url = f"{scheme}://127.0.0.1:{port}"
             base: dict[str, Any] = {"algorithms": ["none"]}
             if fp:
@@ -163,6 +169,7 @@ async def cost(rounds: int, schemes: tuple[str, ...], metrics: tuple[str, ...], 
         finally:
             proc.terminate()
             proc.wait()
+            unpin()
 
 
 # The chaos run's server, in its own process as users run it: it checks what it receives against
@@ -389,12 +396,15 @@ async def main() -> None:
     parser.add_argument("--metric", choices=METRICS, help="cost: this metric only")
     parser.add_argument("--aa", action="store_true", help="cost: both sessions without reconnect (A/A)")
     parser.add_argument(
+        "--no-pin", action="store_true", help="cost: client and server unpinned (benchmarks/_cpus.py)"
+    )
+    parser.add_argument(
         "--algorithms", default="", help="chaos: e.g. none (the workload's text compresses well by default)"
     )
     args = parser.parse_args()
     if args.only != "chaos" and args.scheme != "nats":  # the cost run: WebSocket and QUIC
         schemes = (args.scheme,) if args.scheme else ("ws", "quic")
-        await cost(args.rounds, schemes, (args.metric,) if args.metric else METRICS, args.aa)
+        await cost(args.rounds, schemes, (args.metric,) if args.metric else METRICS, args.aa, not args.no_pin)
     if args.only != "cost":
         print("== chaos: cuts (ws), blackholes (quic), cuts and outages (nats), messages both ways ==")
         count, max_size = (10_000, 1024 * 1024) if args.full else (2000, 64 * 1024)

@@ -32,6 +32,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 import numpy as np
+from _cpus import pin_client_and_servers, unpin
 from _loop import use_loop_from_env
 from websockets.asyncio.client import connect as ws_connect
 from websockets.asyncio.server import serve as ws_serve
@@ -353,6 +354,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--rtt", type=int, default=1000)
     parser.add_argument("--goals-only", action="store_true", help="only issue 13's three goal rows")
+    parser.add_argument(
+        "--no-pin", action="store_true", help="leave the client and servers unpinned (benchmarks/_cpus.py)"
+    )
     args = parser.parse_args()
 
     from m2mwire import avp
@@ -374,6 +378,7 @@ def main() -> None:
         json.dumps({"messages": [{"role": "user", "content": "x" * 1000}]})
     ]
     results: dict[str, list[float]] = {}
+    pinned = "not pinned" if args.no_pin else pin_client_and_servers(p.pid for p in procs if p.pid)
 
     def add(key: str, value: float) -> None:
         results.setdefault(key, []).append(value)
@@ -414,6 +419,7 @@ def main() -> None:
     finally:
         for proc in procs:
             proc.kill()
+        unpin()
 
     med = {k: statistics.median(v) for k, v in results.items()}
     print(
@@ -421,7 +427,7 @@ def main() -> None:
         "raw and session in alternating batches of 50, percentiles per round, medians over rounds; "
         "throughput: median of "
         "paired alternating trials (ratio per pair); servers in child processes; cpu = server process "
-        "CPU per message)"
+        f"CPU per message; {pinned})"
     )
     print(f"{'case':34} {'raw':>12} {'session':>12} {'ratio':>8}  goal")
 
