@@ -36,6 +36,7 @@ import sys
 import time
 from typing import Any
 
+from _cpus import pin_client_and_servers, unpin
 from websockets.extensions.permessage_deflate import PerMessageDeflate
 from websockets.frames import Frame, Opcode
 
@@ -417,6 +418,7 @@ def rtt_section(rounds: int) -> dict[str, float]:
         proc.start()
         try:
             port, fingerprint = q.get(timeout=60)
+            print(f"  {scheme}: {pin_client_and_servers([proc.pid]) if proc.pid else 'not pinned'}")
             for history in (True, False):
                 for kind in ("agent", "novel"):
                     ratio = asyncio.run(_rtt(scheme, port, fingerprint, rounds, kind, history))
@@ -424,6 +426,7 @@ def rtt_section(rounds: int) -> dict[str, float]:
         finally:
             proc.terminate()
             proc.join(10)
+            unpin()
     print()
     return out
 
