@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import random
+import tracemalloc
 import zlib
 
 import pytest
@@ -199,6 +200,37 @@ def test_history_keeps_the_last_bytes_of_the_concatenation() -> None:
         joined += part
         assert h.tail(len(h)) == joined[-len(h) :] and len(h) < 20
         assert h.tail(min(len(h), 10)) == joined[-10:][-min(len(h), 10) :]
+
+
+def test_a_history_of_tiny_messages_holds_its_bytes_not_an_object_per_message() -> None:
+    """A peer sending 2-byte messages made each history keep a bytes object per message (~50
+    bytes of memory per 2 bytes of history, and a prefix built by walking them all: ~50 ms for a
+    1 MiB window, on every message flagged new_frame). One buffer holds < 2 x limit bytes."""
+    limit = 16 * 1024
+    h = History(limit)
+    joined = bytearray()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for i in range(40_000):
+            part = b"%02d" % (i % 100)
+            h.append(part)
+            joined += part
+        held = tracemalloc.get_traced_memory()[0] - before - joined.__alloc__()
+    finally:
+        tracemalloc.stop()
+    assert len(h) == limit and h.tail(limit) == joined[-limit:]
+    assert held < 2 * limit + 4096, f"{held} bytes held for a {limit}-byte history"
+    assert h.memory_size() < 2 * limit + 4096
+
+
+def test_a_history_never_offers_more_than_its_limit_as_a_prefix() -> None:
+    h = History(1024)
+    h.append(b"x" * 700)
+    h.append(b"y" * 700)  # 1,400 appended: the last 1,024 are what a prefix may use
+    assert len(h) == 1024 and h.tail(1024) == b"x" * 324 + b"y" * 700
+    h.append(b"z" * 5000)
+    assert len(h) == 1024 and h.tail(1024) == b"z" * 1024
 
 
 def test_reset_on_both_ends_starts_over() -> None:
