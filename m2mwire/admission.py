@@ -85,18 +85,27 @@ class Admission:
         self.max_sessions_per_peer = max_sessions_per_peer
         self.total = 0
         self._per_host: dict[str, int] = {}
+        # Set by Server.close(): no new session from then on. A transport may still bring
+        # connections after it (a NATS worker takes OPENs on its own subject until
+        # wait_closed(), so that its sessions can be resumed): their new HELLOs are refused.
+        self.closing = False
 
     @property
     def active(self) -> bool:
         """Whether HELLOs need a verdict at all (otherwise the core accepts them itself)."""
         return (
-            self.on_hello is not None
+            self.closing
+            or self.on_hello is not None
             or self.max_sessions is not None
             or self.max_sessions_per_peer is not None
         )
 
     async def decide(self, hello: Hello) -> Reject | None:
         """None to accept (a slot is then held until :meth:`release`), or the Reject to send."""
+        if self.closing:
+            return Reject(
+                "RATE_LIMITED", "the server is shutting down and takes no new session; connect again"
+            )
         host = hello.remote_address[0]
         if self.max_sessions is not None and self.total >= self.max_sessions:
             return Reject("RATE_LIMITED", f"the server is at its limit of {self.max_sessions} sessions")

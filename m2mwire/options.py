@@ -102,6 +102,7 @@ class ServeOptions(SessionOptions, NatsOptions, total=False):
     """Keyword options of :func:`m2mwire.serve` (which apply depends on the URL's scheme)."""
 
     queue: str  # nats://: the queue group the workers of a service join
+    nats_max_half_open: int  # nats://: sessions opened but whose HELLO has not come, at most
     reuse_port: bool  # ws://, wss://, quic://: SO_REUSEPORT, for several worker processes on one port
     on_hello: Callable[[Hello], Awaitable[None] | None] | None
     max_sessions: int | None

@@ -163,6 +163,11 @@ class Server(Listening):
             return
         target.take_over(fresh.session, request.received)
 
+    def close(self) -> None:
+        """Stop taking new sessions (what is running goes on, and can still resume; see ``aclose()``)."""
+        self._admission.closing = True
+        super().close()
+
     async def start(self) -> Server:
         # Until a session is established only control messages arrive (see transport_limit).
         await self._listen(self._run_session, TransportConfig(CONTROL_MESSAGE_LIMIT, self._topts))

@@ -5,17 +5,39 @@ from __future__ import annotations
 import pytest
 
 from m2mwire.transport.nats import frames as f
-from m2mwire.transport.nats.flow import Receiver, Sender
+from m2mwire.transport.nats.flow import DUPLICATE, GAP, OVER_CREDIT, TAKE, Receiver, Sender
 from m2mwire.transport.nats.options import nats_connect_kwargs, parse_nats_url
 
 
 def test_receiver_takes_only_the_next_sequence_number() -> None:
     r = Receiver(1000)
-    assert r.check(1) == 0 and r.check(2) == 0
-    assert r.check(2) == -1  # a duplicate (a resend of something we have)
-    assert r.check(4) == 1  # a gap: 3 was lost; 4 is dropped and everything after 2 asked again
+    assert r.check(1, 10) == TAKE and r.check(2, 10) == TAKE
+    assert r.check(2, 10) == DUPLICATE  # a resend of something we have
+    assert r.check(4, 10) == GAP  # 3 was lost; 4 is dropped and everything after 2 asked again
     assert r.last_in_order == 2
-    assert r.check(3) == 0 and r.check(4) == 0
+    assert r.check(3, 10) == TAKE and r.check(4, 10) == TAKE
+    assert r.received == 40  # dropped messages are not counted
+
+
+def test_receiver_refuses_a_message_past_the_credit_it_announced() -> None:
+    r = Receiver(1000)
+    assert r.check(1, 600) == TAKE
+    assert r.check(2, 401) == OVER_CREDIT  # 1001 > the 1000 granted
+    assert r.last_in_order == 1 and r.received == 600
+    assert r.check(2, 400) == TAKE  # exactly the limit is within it
+    assert r.consume(1000) == 2000  # consumed: the limit moves on, and so may the sender
+    assert r.check(3, 1000) == TAKE and r.check(4, 1) == OVER_CREDIT
+
+
+def test_a_sender_within_its_credit_never_goes_over_at_the_receiver() -> None:
+    receiver = Receiver(1000)
+    sender = Sender(receiver.granted)
+    for cost in (300, 300, 400, 50, 950, 1, 999):
+        while not sender.has_credit(cost):
+            limit = receiver.consume(receiver.received - receiver.consumed)
+            assert limit is not None
+            sender.on_credit(receiver.last_in_order, limit)
+        assert receiver.check(sender.take(cost), cost) == TAKE
 
 
 def test_credit_moves_by_quarters_of_the_window() -> None:

@@ -26,7 +26,8 @@ from m2mwire.transport.base import Message, OnMessage, OutgoingMessage
 from m2mwire.transport.nats import compat
 from m2mwire.transport.nats import frames as f
 from m2mwire.transport.nats.bus import Bus, release_bus
-from m2mwire.transport.nats.flow import Receiver, Sender
+from m2mwire.transport.nats.flow import GAP, OVER_CREDIT, Receiver, Sender
+from m2mwire.transport.nats.options import valid_subject
 
 __all__ = ["NatsChannel"]
 
@@ -132,10 +133,25 @@ class NatsChannel:
         self.owns_bus = False  # a client channel holds its own reference to the shared connection
         self.resume_route: str | None = None  # client: the worker's own subject (RoutedChannel)
         self._resender: asyncio.Task[None] | None = None  # resending after a reconnect or a gap
+        self._opening: Callable[[NatsChannel], None] | None = None  # see watch_opening
         bus.routes[in_subject] = self
 
+    def watch_opening(self, done: Callable[[NatsChannel], None]) -> None:
+        """Call ``done(self)`` once: when the peer's first whole message (its HELLO) arrives, or
+        when the channel ends first. Until then the channel is half-open: the worker holds it
+        for a NATS message that cost the peer nothing to send (NatsListener bounds how many)."""
+        self._opening = done
+
+    def _opened(self) -> None:
+        done, self._opening = self._opening, None
+        if done is not None:
+            done(self)
+
     def connect_peer(self, out_subject: str, peer_window: int) -> None:
-        """The peer's subject and initial credit (from OPEN or OPEN_OK)."""
+        """The peer's subject and initial credit (from OPEN or OPEN_OK). The subject is checked
+        here, once for every publish to it (compat.publish_now skips nats-py's own check)."""
+        if not valid_subject(out_subject):
+            raise ValueError(f"not a concrete NATS subject to publish to: {out_subject[:80]!r}")
         self._out = out_subject
         self._sender.limit = peer_window
         payload_room = min(self._nc.max_payload, peer_window // 4)
@@ -228,12 +244,15 @@ class NatsChannel:
                 )
             )
 
-    def abort(self) -> None:
+    def abort(self, code: int = 1006, reason: str = "aborted") -> None:
+        """Drop the channel at once, telling the peer ``code`` and ``reason`` (ABORT)."""
         if self.lost is not None:
             return
         if self._out:
-            self._bus.publish_soon(self._out, f.pack_close(f.ABORT, 0, 1006, "aborted"))
-        self._fail(TransportError("NATS channel aborted", code=1006, reason="aborted", clean=False))
+            self._bus.publish_soon(self._out, f.pack_close(f.ABORT, 0, code, reason))
+        self._fail(
+            TransportError(f"NATS channel aborted ({code} {reason})", code=code, reason=reason, clean=False)
+        )
 
     # -- PushChannel ------------------------------------------------------------------------------
 
@@ -266,7 +285,7 @@ class NatsChannel:
         kind = data[0]
         try:
             if kind in _SEQUENCED:  # first: nearly every message is one
-                verdict = self._receiver.check(_unpack_head(data)[1])
+                verdict = self._receiver.check(_unpack_head(data)[1], len(data) + f.MESSAGE_COST)
             elif kind == f.CREDIT:
                 ack, limit, flags = f.unpack_credit(data)
                 grew = self._sender.on_credit(ack, limit)
@@ -300,8 +319,16 @@ class NatsChannel:
             self._protocol_error(f"malformed NATS frame from the peer: {exc}")
             return
         if verdict:
-            if verdict > 0:  # something before it was lost: ask for everything after our last
+            if verdict == GAP:  # something before it was lost: ask for everything after our last
                 self._ask_resend()
+            elif verdict == OVER_CREDIT:
+                # Held messages are bounded by the window only if this is enforced: a peer that
+                # ignored our credit would otherwise fill memory while the session is paused.
+                self._protocol_error(
+                    f"the peer sent past the credit it was given ({self._receiver.granted} bytes): "
+                    "it does not follow the NATS channel's flow control",
+                    code=1008,
+                )
             return
         if self._paused or self._pull_full or self._held:
             self._held.append(data)
@@ -407,6 +434,8 @@ class NatsChannel:
         self._deliver(parts, self._parts_text)
 
     def _deliver(self, body: memoryview | bytearray, text: bool) -> None:
+        if self._opening is not None:
+            self._opened()
         # One copy, straight from the NATS payload or the reassembled chunks; a text message stays
         # bytes too: the session validates its UTF-8 as it parses it.
         message = bytes(body)
@@ -638,6 +667,7 @@ class NatsChannel:
             self._waiter.set_result(None)
 
     def _unroute(self) -> None:
+        self._opened()
         self._announcer.cancel()
         self._peer_resend.cancel()
         if self._ack_handle is not None:

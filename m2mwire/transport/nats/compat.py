@@ -162,7 +162,8 @@ def publish_now(nc: Client, subject: str, head: bytes, body: bytes | memoryview 
 
     False where ``publish()`` could wait or fail: not connected (reconnecting), draining, the
     flusher gone, or the pending buffer too full to take the command without a forced flush.
-    The subject is the caller's own (never user input), so nats-py's subject check is skipped;
+    The subject was checked when the peer gave it (``NatsChannel.connect_peer``: no whitespace or
+    control character that would end the protocol line), so no check is repeated per message;
     the payload must be within the server's max_payload (the channel's chunk size is). ``body`` is
     queued by reference: it must not change until sent (the channel passes immutable bytes).
     """

@@ -5,7 +5,9 @@ channel runs a small window protocol on top of it, as HTTP/2 and QUIC do per str
 
 - The receiver announces a credit limit: the total cost (payload + MESSAGE_COST per NATS message)
   the sender may have sent. It moves the limit forward as the application consumes, never beyond
-  ``consumed + window``, so what a peer makes us buffer is bounded by the window.
+  ``consumed + window``, and a sequenced message that would take the total received past the
+  limit announced is a violation (the channel fails), so what a peer makes us buffer is bounded
+  by the window whatever it sends.
 - Sequenced messages are numbered; the receiver takes only the next expected one. A duplicate is
   dropped; a gap (a message lost, e.g. on a NATS node that died) makes it ask for a resend of
   everything after the last one it took.
@@ -17,7 +19,13 @@ from __future__ import annotations
 
 from collections import deque
 
-__all__ = ["Receiver", "Sender"]
+__all__ = ["DUPLICATE", "GAP", "OVER_CREDIT", "TAKE", "Receiver", "Sender"]
+
+# Receiver.check's verdicts on a sequenced message.
+TAKE = 0  # the next one expected, within credit: process it
+DUPLICATE = -1  # seen already: drop it
+GAP = 1  # something before it was lost: drop it, ask for a resend
+OVER_CREDIT = 2  # the peer sent past the credit it was given: a violation
 
 
 class Sender:
@@ -64,14 +72,23 @@ class Receiver:
         self.window = window
         self.expected = 1
         self.consumed = 0
+        self.received = 0  # total cost of the sequenced messages taken
         self.granted = window  # the limit last announced (the initial one is in OPEN/OPEN_OK)
 
-    def check(self, seq: int) -> int:
-        """0: take it; -1: a duplicate (drop); 1: a gap before it (drop, ask for a resend)."""
+    def check(self, seq: int, cost: int) -> int:
+        """The verdict on a sequenced message of ``cost``: TAKE, DUPLICATE, GAP or OVER_CREDIT.
+
+        A sender that keeps to its credit never gets OVER_CREDIT: it counts each message's cost
+        as we do (a CLOSE it counts at more than its size), and the limit it knows is one we
+        announced, none above ``granted``."""
         if seq == self.expected:
+            received = self.received + cost
+            if received > self.granted:
+                return OVER_CREDIT
+            self.received = received
             self.expected += 1
-            return 0
-        return -1 if seq < self.expected else 1
+            return TAKE
+        return DUPLICATE if seq < self.expected else GAP
 
     @property
     def last_in_order(self) -> int:

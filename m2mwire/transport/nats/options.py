@@ -13,6 +13,7 @@ __all__ = [
     "NatsTarget",
     "nats_connect_kwargs",
     "parse_nats_url",
+    "valid_subject",
 ]
 
 # Keyword options of connect()/serve()/gateway() that configure the NATS connection or this
@@ -37,12 +38,14 @@ NATS_OPTIONS = frozenset(
         "queue",  # the queue group workers of one service join (default "m2mwire")
         "nats_window",  # credit window per session and direction, in bytes
         "probe_interval",  # seconds between liveness probes of an idle peer (0 = off)
+        "nats_max_half_open",  # worker: sessions opened but not yet sent their HELLO, at most
     }
 )
 
-# serve() takes every one of them; connect() all but the queue group.
+# serve() takes every one of them; connect() all but the worker's own.
 NATS_SERVER_OPTIONS = tuple(sorted(NATS_OPTIONS))
-NATS_CLIENT_OPTIONS = tuple(name for name in NATS_SERVER_OPTIONS if name != "queue")
+_WORKER_ONLY = ("queue", "nats_max_half_open")
+NATS_CLIENT_OPTIONS = tuple(name for name in NATS_SERVER_OPTIONS if name not in _WORKER_ONLY)
 
 # Our option name -> nats.connect() keyword.
 _RENAMED = {"nats_token": "token", "credentials": "user_credentials"}
@@ -100,3 +103,17 @@ def nats_connect_kwargs(options: dict[str, Any]) -> dict[str, Any]:
     kwargs = {_RENAMED.get(name, name): options[name] for name in _PASSED if name in options}
     kwargs.update(options.get("nats_options") or {})
     return kwargs
+
+
+def valid_subject(subject: object) -> bool:
+    """Whether ``subject``, given by a peer, is one concrete NATS subject we may publish to: a
+    non-empty string of non-empty dot-separated tokens with no wildcard, no whitespace and no
+    control character. nats-py writes a subject into its protocol line as it is (``PUB <subject>
+    <size>``), so a CR/LF or space in one would let the peer that chose it write NATS commands on
+    our connection, shared by every session of the process."""
+    return (
+        isinstance(subject, str)
+        and subject.isprintable()
+        and not any(c in subject for c in "*> ")
+        and all(subject.split("."))
+    )

@@ -30,7 +30,7 @@ from m2mwire.codecs.limits import MiB
 from m2mwire.errors import ResumeImpossible, TransportError
 from m2mwire.transport.nats.bus import Bus, acquire_bus, release_bus
 from m2mwire.transport.nats.channel import NatsChannel
-from m2mwire.transport.nats.options import parse_nats_url
+from m2mwire.transport.nats.options import parse_nats_url, valid_subject
 
 __all__ = ["NatsListener", "open_nats_channel", "serve_nats"]
 
@@ -40,6 +40,13 @@ OPEN_VERSION = 1
 DEFAULT_WINDOW = 8 * MiB
 DEFAULT_PROBE_INTERVAL = 5.0
 DEFAULT_QUEUE = "m2mwire"
+# Channels opened whose HELLO has not arrived yet, per worker. An OPEN costs its sender one small
+# NATS message and nothing to hold, and the worker ~19 KiB (channel, session, handler task) until
+# the HELLO or hello_timeout (30 s): past this many, the oldest is dropped (ABORT 1013) to make
+# room. A client sends its HELLO one round trip after OPEN_OK, so a flood of OPENs drops only
+# channels older than max_half_open / (OPENs per second): 25 ms at 10,000 OPENs/s.
+DEFAULT_MAX_HALF_OPEN = 256
+_SHED_LOG_EVERY = 60.0  # seconds between two warnings about half-open channels dropped
 _MAX_OPEN = 4096  # an OPEN request is a few hundred bytes; anything larger is refused unread
 # A resuming OPEN answered "no responders" this many times in a row, this many seconds apart,
 # means the worker is gone. Not the first answer: a worker whose NATS node died is unsubscribed
@@ -56,16 +63,6 @@ def _window(bus: Bus, options: dict[str, Any]) -> int:
 
 def _probe_interval(options: dict[str, Any]) -> float:
     return float(options.get("probe_interval", DEFAULT_PROBE_INTERVAL) or 0.0)
-
-
-def _valid_subject(subject: object) -> bool:
-    """A subject a peer gave us to publish to: a string with no wildcard and no whitespace."""
-    return (
-        isinstance(subject, str)
-        and bool(subject)
-        and not any(c in subject for c in "*> \t\r\n")
-        and all(subject.split("."))
-    )
 
 
 async def _request_open(
@@ -149,8 +146,8 @@ async def open_nats_channel(
         if (
             answer.get("v") != OPEN_VERSION
             or peer_window <= 0
-            or not subject
-            or (worker is not None and not _valid_subject(worker))
+            or not valid_subject(subject)
+            or (worker is not None and not valid_subject(worker))
         ):
             raise TransportError(f"the worker of {target.subject!r} answered OPEN with {answer!r}")
         channel.connect_peer(subject, peer_window)
@@ -186,6 +183,12 @@ class NatsListener:
         self._prefix = ""
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = asyncio.Event()
+        self._half_open: dict[NatsChannel, None] = {}  # oldest first (see DEFAULT_MAX_HALF_OPEN)
+        self._max_half_open = int(options.get("nats_max_half_open", DEFAULT_MAX_HALF_OPEN))
+        if self._max_half_open < 1:
+            raise ValueError(f"nats_max_half_open= must be at least 1, not {self._max_half_open}")
+        self.shed = 0  # half-open channels dropped to make room
+        self._shed_logged_at = -_SHED_LOG_EVERY
 
     @property
     def subject(self) -> str:
@@ -230,19 +233,16 @@ class NatsListener:
                 raise ValueError("too large")
             request = json.loads(msg.data)
             subject, window = str(request["subject"]), int(request["window"])
-            if (
-                request.get("v") != OPEN_VERSION
-                or window <= 0
-                or not subject
-                or "*" in subject
-                or ">" in subject
-            ):
+            # The subject is written into our NATS protocol lines: see valid_subject.
+            if request.get("v") != OPEN_VERSION or window <= 0 or not valid_subject(subject):
                 raise ValueError(f"unsupported OPEN {request!r}"[:200])
         except (ValueError, KeyError, TypeError) as exc:
             log.info("malformed OPEN on %s: %s", self._target.subject, exc)
             return
         own_window = _window(bus, self._options)
         peer = str(request.get("peer", "nats-client"))[:64]
+        if not peer.isprintable():  # it goes into logs as the session's remote address
+            peer = "nats-client"
         channel = NatsChannel(
             bus,
             f"{self._prefix}.{secrets.token_hex(16)}",
@@ -252,6 +252,7 @@ class NatsListener:
             probe_interval=_probe_interval(self._options),
         )
         channel.connect_peer(subject, window)
+        self._admit_half_open(channel)
         answer = {
             "v": OPEN_VERSION,
             "subject": channel.in_subject,
@@ -267,6 +268,29 @@ class NatsListener:
         task = asyncio.create_task(self._run(channel), name="m2mwire-nats-session")
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def _admit_half_open(self, channel: NatsChannel) -> None:
+        half_open = self._half_open
+        while len(half_open) >= self._max_half_open:
+            oldest = next(iter(half_open))
+            # abort() ends the channel, whose watch_opening callback removes it from half_open.
+            oldest.abort(1013, "too many sessions opening at once; try again")
+            self.shed += 1
+        now = asyncio.get_running_loop().time()
+        if self.shed and now - self._shed_logged_at >= _SHED_LOG_EVERY:
+            self._shed_logged_at = now
+            log.warning(
+                "%d NATS session(s) on %s dropped so far before their HELLO: OPENs arrive faster "
+                "than HELLOs follow them (over nats_max_half_open=%d)",
+                self.shed,
+                self._target.subject,
+                self._max_half_open,
+            )
+        half_open[channel] = None
+        channel.watch_opening(self._half_open_done)
+
+    def _half_open_done(self, channel: NatsChannel) -> None:
+        self._half_open.pop(channel, None)
 
     async def _run(self, channel: NatsChannel) -> None:
         try:

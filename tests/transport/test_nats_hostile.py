@@ -1,0 +1,188 @@
+"""Hostile peers of a NATS worker, with a real nats-server: what one NATS client with a client's
+permissions can make a worker do (stop 24's attack run; the scripts it started from are described
+in benchmarks/attack_nats.py)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+
+import nats
+import pytest
+from nats.errors import TimeoutError as NatsTimeoutError
+
+import m2mwire
+from m2mwire.api import Session
+from m2mwire.errors import SessionRejected, TransportError
+from m2mwire.transport.nats import frames as f
+from m2mwire.transport.nats import service as nats_service
+from m2mwire.transport.nats.channel import NatsChannel
+from m2mwire.transport.nats.local import LocalNatsServer
+from m2mwire.transport.nats.options import valid_subject
+from m2mwire.transport.nats.service import open_nats_channel, serve_nats
+
+
+def service(server: LocalNatsServer) -> str:
+    return f"{server.url}/hostile.{uuid.uuid4().hex}"
+
+
+def open_request(subject: str, window: int = 8 << 20) -> bytes:
+    return json.dumps({"v": 1, "subject": subject, "window": window, "peer": "attacker"}).encode()
+
+
+async def echo(session: Session) -> None:
+    async for message in session:
+        await session.send(message.text or "", algorithm="none")
+
+
+async def round_trip(session: Session, text: str) -> str:
+    await session.send(text, algorithm="none")
+    return (await asyncio.wait_for(session.recv(), 10)).text or ""
+
+
+@pytest.mark.parametrize(
+    "subject",
+    [
+        "_INBOX.atk.a  0\r\n\r\nUNSUB 1\r\nUNSUB 2\r\nPUB _INBOX.atk.b",  # NATS commands
+        "_INBOX.atk.a b",
+        "_INBOX.atk.\tb",
+        "_INBOX.atk..b",
+        "_INBOX.atk.*",
+        "_INBOX.atk.>",
+        "_INBOX.atk.\x00",
+    ],
+)
+async def test_an_open_whose_subject_would_write_nats_commands_is_ignored(
+    nats_server: LocalNatsServer, subject: str
+) -> None:
+    """The worker writes its peer's subject into its own protocol lines (``PUB <subject> <size>``)
+    on the NATS connection all its sessions share: a CR/LF there let one OPEN unsubscribe the
+    worker from every session and from its service. Such an OPEN gets no answer at all."""
+    async with m2mwire.serve(echo, service(nats_server)) as server:
+        async with m2mwire.connect(server.url) as victim:
+            assert await round_trip(victim, "before") == "before"
+            attacker = await nats.connect(nats_server.url)
+            try:
+                with pytest.raises(NatsTimeoutError):
+                    await attacker.request(server.url.rsplit("/", 1)[1], open_request(subject), timeout=1.0)
+            finally:
+                await attacker.close()
+            assert await round_trip(victim, "after") == "after"
+            async with m2mwire.connect(server.url, open_timeout=5) as newcomer:
+                assert await round_trip(newcomer, "new") == "new"
+
+
+def test_only_concrete_printable_subjects_are_valid() -> None:
+    assert valid_subject("_INBOX.abc.def") and valid_subject("agents.plännér")
+    for bad in ("", ".a", "a.", "a..b", "a b", "a\r\nb", "a\tb", "a.*", "a.>", "a\x7fb", "a\u00a0b", None, 3):
+        assert not valid_subject(bad), bad
+
+
+async def test_a_channel_refuses_a_peer_subject_that_is_not_one_concrete_subject(
+    nats_server: LocalNatsServer,
+) -> None:
+    """The client side too: an OPEN_OK (from a worker, or whoever answers on the service subject)
+    naming a subject with a CR/LF is refused before anything is published to it."""
+    attacker = await nats.connect(nats_server.url)
+    url = service(nats_server)
+
+    async def answer(msg: nats.aio.msg.Msg) -> None:
+        await msg.respond(json.dumps({"v": 1, "subject": "x.y\r\nUNSUB 1", "window": 1 << 20}).encode())
+
+    try:
+        await attacker.subscribe(url.rsplit("/", 1)[1], cb=answer)
+        await attacker.flush()
+        with pytest.raises(TransportError, match="answered OPEN"):
+            await open_nats_channel(url, max_message_size=1 << 20, options={})
+    finally:
+        await attacker.close()
+
+
+async def test_a_peer_sending_past_its_credit_is_dropped_not_buffered(small_nats: LocalNatsServer) -> None:
+    """A worker's channel holds what arrives while its session is paused, and grants no credit
+    for it; a peer that sends on regardless (ignoring the credit protocol) made the worker hold
+    it all: 400 MiB grew its RSS by ~390 MiB. Now the message past the credit ends the channel
+    (ABORT 1008) and what was held is dropped."""
+    channels: list[NatsChannel] = []
+    done = asyncio.Event()
+
+    async def never_reads(channel: NatsChannel) -> None:
+        channels.append(channel)  # no start_push: 16 messages wait for recv(), then it pauses
+        await asyncio.wait_for(done.wait(), 30)
+
+    listener = await serve_nats(never_reads, service(small_nats), max_message_size=1 << 20, options={})
+    try:
+        attacker = await open_nats_channel(listener.url, max_message_size=1 << 20, options={})
+        window = attacker._sender.limit  # the worker's: 4 x the server's 64 KiB max_payload
+        body = b"x" * 60_000
+        frames = 3 * window // len(body)  # three windows' worth
+        for seq in range(1, frames + 1):
+            await attacker._nc.publish(attacker._out, f.HEADER.pack(f.BINARY, seq) + body)
+        await attacker._nc.flush()
+        with pytest.raises(TransportError) as caught:
+            await asyncio.wait_for(attacker.recv(), 10)
+        assert caught.value.code == 1008 and "credit" in str(caught.value)
+        (channel,) = channels
+        assert channel.lost is not None and channel.lost.code == 1008
+        assert not channel._held and channel._receiver.received <= window
+        await attacker.close()
+    finally:
+        done.set()
+        listener.close()
+        await listener.wait_closed()
+
+
+async def test_a_flood_of_opens_keeps_at_most_max_half_open_channels(nats_server: LocalNatsServer) -> None:
+    """An OPEN costs its sender one small NATS message, and each one held a channel, a session and
+    a task (~19 KiB) until hello_timeout: 60,000 OPENs took a worker from 75 MiB to 1.16 GiB.
+    Past nats_max_half_open channels without a HELLO, the oldest is dropped (ABORT 1013), and a
+    client that sends its HELLO at once still gets its session."""
+    cap, flood = 4, 12
+    async with m2mwire.serve(echo, service(nats_server), nats_max_half_open=cap) as server:
+        attacker = await nats.connect(nats_server.url)
+        aborted: list[tuple[int, str]] = []
+
+        async def on_frame(msg: nats.aio.msg.Msg) -> None:
+            if msg.data[:1] == bytes((f.ABORT,)):
+                aborted.append(f.unpack_close(msg.data))
+
+        try:
+            await attacker.subscribe("atk.>", cb=on_frame)
+            subject = server.url.rsplit("/", 1)[1]
+            for i in range(flood):
+                await attacker.request(subject, open_request(f"atk.{i}"), timeout=5)
+            listener = server._impl
+            assert isinstance(listener, nats_service.NatsListener)
+            assert len(listener._half_open) == cap
+            async with asyncio.timeout(10):
+                while len(aborted) < flood - cap:
+                    await asyncio.sleep(0.02)
+            assert {code for code, _ in aborted} == {1013} and listener.shed == flood - cap
+            async with m2mwire.connect(server.url) as client:
+                assert await round_trip(client, "still served") == "still served"
+            assert len(listener._half_open) <= cap
+        finally:
+            await attacker.close()
+
+
+async def test_a_closed_worker_takes_no_new_session_on_its_own_subject(
+    nats_server: LocalNatsServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After close() a worker still takes OPENs on its own subject (every client learns it from
+    OPEN_OK), so that its sessions can be resumed until wait_closed(); a fresh HELLO there got a
+    brand-new session. It is refused now, and the running session goes on."""
+    async with m2mwire.serve(echo, service(nats_server)) as server:
+        async with m2mwire.connect(server.url) as first:
+            route = first._channel.resume_route  # type: ignore[attr-defined]
+            assert route is not None
+            server.close()
+
+            async def via_own_subject(*args: object) -> object:
+                bus, _subject, body, timeout, name, _servers = args
+                return await nats_service._request_resume_open(bus, route, body, timeout, name)  # type: ignore[arg-type]
+
+            monkeypatch.setattr(nats_service, "_request_open", via_own_subject)
+            with pytest.raises(SessionRejected, match="shutting down"):
+                await m2mwire.connect(server.url, open_timeout=5)
+            assert await round_trip(first, "still running") == "still running"
