@@ -1137,6 +1137,17 @@ class SessionProtocol:
     def resume_token_matches(self, token: str) -> bool:
         return self.resume is not None and self.resume.token_matches(token)
 
+    @property
+    def accepts_resume(self) -> bool:
+        """Server: a resuming client may take this session over now (it negotiated resume and
+        is established: not closing, not closed)."""
+        return self.resume is not None and self.state is _ESTABLISHED
+
+    def replay_wait(self, peer_received: int, now: float) -> float:
+        """Server: seconds a resume at ``peer_received`` should wait for its replay (see
+        resume.REPLAY_REFILL); 0 when it may go on at once."""
+        return self.resume.replay_wait(peer_received, now) if self.resume is not None else 0.0
+
     def attach(self, peer_received: int, now: float) -> None:
         """Server: a resuming client's connection now carries this (detached) session. Queues the
         ACCEPT with our count of DATA received, then every DATA message the client did not get."""
@@ -1207,7 +1218,7 @@ class SessionProtocol:
         r = self.resume
         assert r is not None
         try:
-            pending = list(r.replay(peer_received))
+            pending = list(r.replay(peer_received, now))
         except ProtocolError as exc:
             self._protocol_violation(str(exc), exc.code)
             return

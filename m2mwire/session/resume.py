@@ -39,6 +39,7 @@ sender's buffer when that buffer is full.
 from __future__ import annotations
 
 import hmac
+import itertools
 import secrets
 from collections import deque
 from collections.abc import Iterator
@@ -50,12 +51,33 @@ from m2mwire.schemas.codes import SessionCode
 from m2mwire.session.binarytext import BinaryTextMessage
 from m2mwire.session.zstdstate import ZstdMessage
 
-__all__ = ["ACK_EVERY", "ACK_FRACTION", "DEFAULT_RESUME_BUFFER", "ResumeState", "message_size", "new_token"]
+__all__ = [
+    "ACK_EVERY",
+    "ACK_FRACTION",
+    "DEFAULT_RESUME_BUFFER",
+    "REPLAY_REFILL",
+    "REPLAY_REFUND",
+    "ResumeState",
+    "message_size",
+    "new_token",
+]
 
 DEFAULT_RESUME_BUFFER = 16 * MiB
 ACK_EVERY = 1024  # DATA messages received before an ACK is due, whatever their size
 ACK_FRACTION = 8  # ... or this fraction of the peer's retention buffer in bytes (module docstring)
 _TOKEN_BYTES = 32  # 256 bits of secret: a session id alone never resumes a session
+# A resume retransmits what the peer has not acknowledged, encoding each message again (a zstd
+# context compresses it afresh): up to the whole retention buffer, ~360 ms of CPU for 16 MiB of
+# zstd text. A peer that never acknowledges and resumes over and over (one ~1 KB HELLO each)
+# made a server do that back to back, stalling its other sessions. So replays draw on a budget:
+# a whole buffer at once, refilled at one buffer per REPLAY_REFILL seconds, and REPLAY_REFUND
+# bytes given back per byte of a replay the peer then acknowledges: a client resuming after real
+# cuts takes part of each replay before the next cut (the chaos tests: several MiB of 16) and
+# never waits, while replays nobody takes are limited to one buffer per REPLAY_REFILL plus
+# REPLAY_REFUND times what the peer acknowledges. A resume that would overdraw the budget waits
+# (ResumeState.replay_wait) before its replay starts.
+REPLAY_REFILL = 10.0
+REPLAY_REFUND = 256  # budget given back per byte of a replay the peer then acknowledged
 
 # A text message's UTF-8 bytes, a binary message's buffers, a zstd message to compress again, or
 # text in binary form to frame again.
@@ -88,6 +110,9 @@ class ResumeState:
 
     __slots__ = (
         "_acked_received",
+        "_budget_at",
+        "_replay_budget",
+        "_replayed_upto",
         "ack_at",
         "ack_bytes",
         "acked",
@@ -112,6 +137,9 @@ class ResumeState:
         self._acked_received = 0  # ``received`` as our last ACK carried it
         self.ack_at = ACK_EVERY  # ``received`` at which an ACK is due whatever the bytes
         self.unacked_bytes = 0  # received since our last ACK
+        self._replay_budget = float(buffer_bytes)  # bytes a replay may take now (see REPLAY_REFILL)
+        self._budget_at: float | None = None  # when _replay_budget was last charged
+        self._replayed_upto = 0  # the last message the last replay sent again
 
     # -- sending ----------------------------------------------------------------------------------
 
@@ -137,7 +165,7 @@ class ResumeState:
     def on_ack(self, received: int) -> int:
         """The peer acknowledged ``received`` messages; returns how many this released."""
         released = received - self.acked
-        if released <= 0:
+        if released <= 0:  # repeated or stale: releases nothing (docs/PROTOCOL.md §9)
             return 0
         retained = self.retained
         if released > len(retained):
@@ -145,25 +173,33 @@ class ResumeState:
                 f"ACK for {received} DATA messages, but only {self.sent} were sent",
                 code=SessionCode.INVALID_ACK,
             )
-        freed = 0
+        # Of these, the first ``replayed`` were sent again by the last replay: the peer took them,
+        # so that replay was not wasted work and its budget is given back for them.
+        replayed = min(received, self._replayed_upto) - self.acked
+        freed = refund = 0
         popleft = retained.popleft
-        for _ in range(released):
+        for i in range(released):
             message = popleft()
             kind = type(message)
             # bytes (text DATA) and text in binary form first: the per-message cases
-            freed += (
+            size = (
                 len(message)  # type: ignore[arg-type]
                 if kind is bytes
                 else message.size  # type: ignore[union-attr]
                 if kind is BinaryTextMessage
                 else message_size(message)
             )
+            freed += size
+            if i < replayed:
+                refund += size
         self.acked = received
         self.retained_bytes -= freed
+        self._replay_budget += REPLAY_REFUND * refund  # (capped at the buffer when read: _budget)
         return released
 
-    def replay(self, peer_received: int) -> Iterator[RetainedMessage]:
-        """On resume: release what the peer says it got, then yield what it did not, in order."""
+    def replay(self, peer_received: int, now: float) -> Iterator[RetainedMessage]:
+        """On resume: release what the peer says it got, then yield what it did not, in order
+        (their bytes are charged to the replay budget)."""
         if peer_received < self.acked:
             raise ProtocolError(
                 f"the peer resumes at {peer_received} DATA messages received, but had already "
@@ -171,7 +207,26 @@ class ResumeState:
                 code=SessionCode.INVALID_ACK,
             )
         self.on_ack(peer_received)
+        self._replay_budget = self._budget(now) - self.retained_bytes
+        self._budget_at = now
+        self._replayed_upto = self.sent
         return iter(list(self.retained))
+
+    def replay_wait(self, peer_received: int, now: float) -> float:
+        """Seconds a resume at ``peer_received`` should wait before its replay, so that replays
+        stay within their budget (REPLAY_REFILL); 0 for the first resume of a full buffer."""
+        skip = min(max(peer_received - self.acked, 0), len(self.retained))
+        taken = [message_size(m) for m in itertools.islice(self.retained, skip)]  # released by it
+        replayed = max(0, min(skip, self._replayed_upto - self.acked))  # of them, replayed before
+        refund = REPLAY_REFUND * sum(taken[:replayed])
+        deficit = self.retained_bytes - sum(taken) - (self._budget(now) + refund)
+        return max(0.0, deficit * REPLAY_REFILL / self.buffer_bytes) if self.buffer_bytes else 0.0
+
+    def _budget(self, now: float) -> float:
+        if self._budget_at is None:
+            return float(self.buffer_bytes)
+        refill = (now - self._budget_at) * self.buffer_bytes / REPLAY_REFILL
+        return min(float(self.buffer_bytes), self._replay_budget + refill)
 
     # -- receiving --------------------------------------------------------------------------------
 

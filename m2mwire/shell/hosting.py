@@ -63,6 +63,20 @@ class HostedSession(Protocol):
         """Release everything: channel, tasks, timers, and the session's admission slot."""
         ...
 
+    @property
+    def accepts_resume(self) -> bool:
+        """A resuming client may take this session over now (established: not closing)."""
+        ...
+
+    @property
+    def awaiting_resume(self) -> bool:
+        """This fresh connection still waits for the answer to its resuming HELLO."""
+        ...
+
+    def replay_wait(self, peer_received: int) -> float:
+        """Seconds a resume at ``peer_received`` should wait for its replay (0: at once)."""
+        ...
+
     def refuse_resume(self, code: str, message: str) -> None:
         """Answer this fresh connection's resuming HELLO with REJECT ``code``."""
         ...

@@ -59,6 +59,8 @@ class Server(Listening):
         self._ended = Stats()  # sums over sessions that have ended
         self._opened = self._refused = 0
         self._handler_tasks: set[asyncio.Task[Any]] = set()
+        # Resuming connections waiting for their session's replay budget (see _resume).
+        self._waiting_resumes: dict[str, tuple[HostedSession, asyncio.TimerHandle]] = {}
 
     @property
     def active_sessions(self) -> int:
@@ -161,6 +163,34 @@ class Server(Listening):
         if not target.resume_token_matches(request.token):
             fresh.refuse_resume("RESUME_REFUSED", "wrong resume token for this session")
             return
+        if not target.accepts_resume:
+            # A CLOSE was sent or received: taking the session over now would hand the
+            # connection to a session that cannot attach it.
+            fresh.refuse_resume("RESUME_UNKNOWN", "the session is closing; open a new session")
+            return
+        waiting = self._waiting_resumes.pop(request.session_id, None)
+        if waiting is not None:  # the client gave up on that connection: only the newest counts
+            older, handle = waiting
+            handle.cancel()
+            older.refuse_resume("RESUME_REFUSED", "superseded by a newer connection resuming the session")
+        wait = target.replay_wait(request.received)
+        if wait <= 0:
+            target.take_over(fresh.session, request.received)
+            return
+        # The replay would overdraw the session's budget (resume.REPLAY_REFILL): wait, within
+        # the fresh connection's own handshake time.
+        delay = min(wait, self._config.timers.hello_timeout / 2)
+        handle = asyncio.get_running_loop().call_later(delay, self._resume_after_wait, fresh, request)
+        self._waiting_resumes[request.session_id] = (fresh, handle)
+
+    def _resume_after_wait(self, fresh: HostedSession, request: ResumeRequested) -> None:
+        self._waiting_resumes.pop(request.session_id, None)
+        if not fresh.awaiting_resume:  # its connection ended meanwhile
+            return
+        target = self._resumable.get(request.session_id)
+        if target is None or not target.accepts_resume:
+            fresh.refuse_resume("RESUME_UNKNOWN", "the session ended while this connection waited to resume")
+            return
         target.take_over(fresh.session, request.received)
 
     def close(self) -> None:
@@ -182,6 +212,9 @@ class Server(Listening):
         the CLOSE exchange short.
         """
         timeout = self._config.timers.close_timeout
+        for _, handle in self._waiting_resumes.values():
+            handle.cancel()  # their connections close with the listener
+        self._waiting_resumes.clear()
         closing = [s.close("server shutting down", wait_resume=False) for s in list(self._sessions)]
         if closing:
             # Session.close() bounds itself; this only guards the sum of its steps.

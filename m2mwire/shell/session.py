@@ -1152,8 +1152,24 @@ class ServerSide:
         # ended resumes nothing.
         session._resumer = None
 
+    @property
+    def accepts_resume(self) -> bool:
+        return self._session._protocol.accepts_resume
+
+    @property
+    def awaiting_resume(self) -> bool:
+        session = self._session
+        return session._protocol.state is State.INITIAL and not session._handed_over
+
+    def replay_wait(self, peer_received: int) -> float:
+        session = self._session
+        return session._protocol.replay_wait(peer_received, session._loop.time())
+
     def refuse_resume(self, code: str, message: str) -> None:
-        self._session._protocol.refuse_resume(code, message)
+        session = self._session
+        session._protocol.refuse_resume(code, message)
+        session._after_protocol_step()  # (again, when called from _resume_requested: harmless)
+        session._writer_wakeup.set()
 
     def resume_token_matches(self, token: str) -> bool:
         return self._session._protocol.resume_token_matches(token)

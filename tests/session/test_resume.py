@@ -29,7 +29,7 @@ from m2mwire.session.core import (
     SendMessage,
     SessionProtocol,
 )
-from m2mwire.session.resume import ACK_EVERY, ResumeState
+from m2mwire.session.resume import ACK_EVERY, REPLAY_REFILL, REPLAY_REFUND, ResumeState
 
 IDENT = ModelIdentity(model_family="llama", model_id="tiny", model_hash="ab" * 32, hidden_dim=4, num_layers=2)
 
@@ -296,7 +296,27 @@ def test_ack_beyond_what_was_sent_is_a_protocol_error() -> None:
         state.on_ack(2)
     assert state.on_ack(1) == 1 and state.retained_bytes == 0
     with pytest.raises(ProtocolError):  # a peer cannot resume behind what it acknowledged
-        state.replay(0)
+        state.replay(0, 0.0)
+
+
+def test_replays_draw_on_a_budget_of_one_buffer_per_refill_period() -> None:
+    """A peer that never acknowledges and resumes again and again made the server encode its
+    whole retention buffer each time, back to back. The first replay of a full buffer goes at
+    once; another right after waits until the budget has refilled."""
+    state = ResumeState(1000, 1000, "t")
+    for _ in range(10):
+        state.on_sent(b"x" * 100, 100)
+    assert state.replay_wait(0, 0.0) == 0.0
+    assert len(list(state.replay(0, 0.0))) == 10  # the whole buffer: the budget is spent
+    assert state.replay_wait(0, 0.0) == pytest.approx(REPLAY_REFILL)
+    assert state.replay_wait(0, REPLAY_REFILL / 2) == pytest.approx(REPLAY_REFILL / 2)
+    assert state.replay_wait(5, REPLAY_REFILL / 2) == 0.0  # half the messages: half the cost
+    assert state.replay_wait(0, REPLAY_REFILL) == 0.0
+    list(state.replay(0, REPLAY_REFILL / 2))  # taken early anyway (the shell caps its wait):
+    assert state.replay_wait(0, REPLAY_REFILL / 2) == pytest.approx(1.5 * REPLAY_REFILL)  # in debt
+    # The peer takes one replayed message of 100 bytes: REPLAY_REFUND times that comes back.
+    assert REPLAY_REFUND * 100 >= 1500 + 1000
+    assert state.on_ack(1) == 1 and state.replay_wait(1, REPLAY_REFILL / 2) == 0.0
 
 
 def test_session_timeout_none_never_closes_an_idle_session() -> None:
