@@ -260,3 +260,38 @@ async def test_a_sending_loop_gives_the_event_loop_a_turn(memory_scheme: str) ->
             ticked = turns - before
             ticking.cancel()
     assert 7 <= ticked <= 9  # one turn per 1,024 messages sent, not one per message
+
+
+async def test_a_send_refused_until_the_next_loop_turn_needs_no_write_task(memory_scheme: str) -> None:
+    """A channel refuses send_now() when its buffer is full, and often only until the event loop's
+    next turn (the reader drains it; QUIC refuses once a turn's writes reach its flush threshold).
+    send() then gives the loop that turn and writes directly: the slow path (channel.send() in a
+    task of its own, with a write_timeout timer) only for a refusal that outlasts it."""
+
+    async def sink(session: Session) -> None:
+        async for _ in session:
+            pass
+
+    async with running(memory_scheme, sink) as server, connect(server.url) as client:
+        channel = channel_of(client)
+        send_now, send = channel.send_now, channel.send
+        refused = slow = 0
+
+        def counted_send_now(message: Any, text: bool = False) -> bool:
+            nonlocal refused
+            taken = send_now(message, text)
+            refused += not taken
+            return taken
+
+        async def counted_send(message: Any, text: bool = False) -> None:
+            nonlocal slow
+            slow += 1
+            await send(message, text)
+
+        channel.send_now = counted_send_now  # type: ignore[method-assign]
+        channel.send = counted_send  # type: ignore[method-assign]
+        async with asyncio.timeout(10):  # no wait_for per send: its task would give a turn each
+            for i in range(200):  # the server's 4 KiB buffer holds ~3 of these: sends find it full
+                await client.send(f"{i:03d} {_PAYLOAD}")
+    assert refused >= 50, f"only {refused} refusals: the buffer did not fill"
+    assert slow <= 2, f"{slow} of {refused} refused sends took the slow path"
