@@ -390,6 +390,9 @@ class SessionProtocol:
         # attached and not _resuming: DATA goes on the wire now. A plain attribute, set wherever
         # those two change, since every DATA message sent or received with resume reads it.
         self._live = True
+        # DATA goes on the wire as it is sent (else it is retained only: detached, resuming, or a
+        # replay in progress, which sends it in turn). Plain, like _live.
+        self._direct = True
         self._resume_deadline: float | None = None
         self._resume_request: ResumeRequested | None = None  # server, fresh connection
 
@@ -616,7 +619,7 @@ class SessionProtocol:
             if r is not None:  # ResumeState.on_sent inline (see _queue_data): the per-message path
                 r.retained.append(envelope)  # the envelope itself, kept by reference
                 r.retained_bytes += len(envelope)
-            if r is None or self._live:  # detached: retained only, sent on resume
+            if self._direct:  # else retained only, and sent by the replay of a resume
                 self._outputs.append(SendMessage(envelope))
                 self.outputs_total += 1
             if self.config.token_stats:
@@ -648,7 +651,7 @@ class SessionProtocol:
         if r is not None:  # retained as head + text, framed again on a resume (BinaryTextMessage)
             r.retained.append(message)  # ResumeState.on_sent inline, as for text DATA
             r.retained_bytes += size
-        if r is None or self._live:  # detached: retained only, sent on resume
+        if self._direct:  # else retained only, and sent by the replay of a resume
             self._outputs.append(SendMessage((frame,)))
             self.outputs_total += 1
         if self.config.token_stats:
@@ -684,9 +687,21 @@ class SessionProtocol:
         )
         if zmessage is None:
             return None
+        stats = self.config.token_stats
+        if not self._direct:
+            # Detached, resuming or replaying: retained only, and compressed when the replay
+            # sends it (a context takes its messages in order). Its wire size is not known yet:
+            # reported as its size uncompressed.
+            assert self.resume is not None  # only a session with resume holds DATA back
+            self.resume.on_sent(zmessage, zmessage.size)
+            if not stats:
+                return SentInfo("zstd", zmessage.payload is None, original, zmessage.size)
+            tokens = count_tokens(text)
+            self.stats.original_tokens_sent += tokens
+            self.stats.wire_tokens_sent += tokens
+            return SentInfo("zstd", zmessage.payload is None, original, zmessage.size, tokens, tokens)
         out = state.wire(zmessage)  # compressed into the context: from here on it must be sent
         self._queue_data(SendMessage(out), zmessage)  # resume retains zmessage, not its wire form
-        stats = self.config.token_stats
         if isinstance(out, bytes):  # the text form: a DATA envelope carrying #ZS|
             assert zmessage.payload is not None
             wire = zmessage.payload.content
@@ -892,7 +907,7 @@ class SessionProtocol:
 
     @property
     def has_output(self) -> bool:
-        return bool(self._outputs)
+        return bool(self._outputs) or (not self._direct and self._live)
 
     @property
     def output_backlog(self) -> int:
@@ -903,15 +918,21 @@ class SessionProtocol:
         """The queued output if it is the only one, without taking it (the shell's direct write
         takes it with next_output() once written)."""
         outputs = self._outputs
-        return outputs[0] if len(outputs) == 1 else None
+        return outputs[0] if len(outputs) == 1 and self._direct else None
 
     def next_output(self) -> Output | None:
-        """Take the next output, one at a time (a cancelled write then loses nothing else)."""
-        return self._outputs.popleft() if self._outputs else None
+        """Take the next output, one at a time (a cancelled write then loses nothing else):
+        control messages first, then a replay's messages (made as they are taken)."""
+        if self._outputs:
+            return self._outputs.popleft()
+        if not self._direct and self._live:  # attached but not direct: a replay is in progress
+            return self._replayed()
+        return None
 
     def data_to_send(self) -> list[Output]:
-        out = list(self._outputs)
-        self._outputs.clear()
+        out = []
+        while (o := self.next_output()) is not None:  # bounded by the queue and the retained
+            out.append(o)
         return out
 
     def next_event(self) -> Event | None:
@@ -1155,7 +1176,7 @@ class SessionProtocol:
             raise ProtocolError(
                 "attach() needs a detached session that negotiated resume", code=SessionCode.INVALID_STATE
             )
-        self.attached = self._live = True
+        self.attached = self._live = True  # DATA goes out directly once the replay is over
         self._resume_deadline = None
         accept = self._own_capabilities()
         accept.resume = ResumeCaps(buffer=self.config.resume_buffer_bytes, received=self.resume.take_ack())
@@ -1172,7 +1193,7 @@ class SessionProtocol:
             )
         self.attached = True
         self._resuming = True
-        self._live = False  # until the ACCEPT: DATA sent meanwhile is retained only
+        self._live = self._direct = False  # until the ACCEPT: DATA sent meanwhile is retained only
         caps = self._own_capabilities()
         caps.resume = ResumeCaps(
             buffer=self.config.resume_buffer_bytes,
@@ -1218,7 +1239,7 @@ class SessionProtocol:
         r = self.resume
         assert r is not None
         try:
-            pending = list(r.replay(peer_received, now))
+            pending = r.replay(peer_received, now)
         except ProtocolError as exc:
             self._protocol_violation(str(exc), exc.code)
             return
@@ -1226,16 +1247,31 @@ class SessionProtocol:
         self._missed_pongs = 0
         self._pong_deadline = self._ping_sent_at = None
         self._on_resume()
-        for message in pending:
-            if isinstance(message, ZstdMessage):  # compressed again in the fresh context
-                assert self._zstd is not None  # only a zstd session retains one
-                message = self._zstd.wire(message)
-            elif isinstance(message, BinaryTextMessage):
-                message = (message.take_frame(),)
-            self._queue_output(SendMessage(message))
+        # The retained messages go out again one at a time, as the shell takes outputs
+        # (next_output: _replayed), so a connection lost early costs only what it carried; DATA
+        # sent meanwhile is retained only, and the replay takes it in turn.
+        self._direct = not pending
         self.stats.reconnects += 1
-        self.stats.retransmitted += len(pending)
-        self._events.append(Resumed(len(pending)))
+        self.stats.retransmitted += pending
+        self._events.append(Resumed(pending))
+
+    def _replayed(self) -> Output | None:
+        """The next message of the replay in progress, encoded now (a zstd message compressed
+        again in the fresh context); None, and DATA goes out directly again, once it is over."""
+        r = self.resume
+        assert r is not None
+        message = r.next_replayed()
+        if type(message) is bytes:  # text DATA: its envelope as it was
+            return SendMessage(message)
+        if message is None:
+            self._direct = True
+            return None
+        if isinstance(message, ZstdMessage):
+            assert self._zstd is not None  # only a zstd session retains one
+            return SendMessage(self._zstd.wire(message))
+        if isinstance(message, BinaryTextMessage):
+            return SendMessage((message.take_frame(),))
+        return SendMessage(message)
 
     def _on_resume(self) -> None:
         """Hook: the session continues on a new connection, before anything is retransmitted.
@@ -1246,7 +1282,9 @@ class SessionProtocol:
         self.reset_codec_state()
 
     def _detach(self, reason: str, now: float) -> None:
-        self.attached = self._live = False
+        self.attached = self._live = self._direct = False
+        if self.resume is not None:
+            self.resume.stop_replay()
         self._resuming = False
         self._hello_deadline = self._pong_deadline = self._ping_sent_at = None
         self._missed_pongs = 0
@@ -1269,8 +1307,8 @@ class SessionProtocol:
                     message = tuple(bytes(part) for part in message)
                     out = SendMessage(message)
                 r.on_sent(message, message_size(message))
-            if not self._live:
-                return  # retained only: sent on resume
+            if not self._direct:
+                return  # retained only: sent by the replay of a resume
         self._outputs.append(out)
         self.outputs_total += 1
 

@@ -478,8 +478,13 @@ def zstd_message(
     payload = correlation or DataPayload(algorithm="zstd", content="")
     payload.content, payload.original_size, payload.content_type = "", original, content_type
     # The envelope without its content, measured exactly (request and trace fields vary).
-    if text_form_bound(original) + len(encode_data(payload, session_id)) <= limit:
-        return ZstdMessage(text.encode("utf-8"), payload)
+    head = len(encode_data(payload, session_id))
+    if text_form_bound(original) + head <= limit:
+        message = ZstdMessage(text.encode("utf-8"), payload)
+        # What wire() would fix (ZstdMessage.size): its envelope holds the #ZS| string as it is
+        # (base64: nothing to escape), so the envelope with the content in its place is this long.
+        message.size = head + original
+        return message
     if explicit:
         raise LimitExceeded(
             f"message content of {original} bytes is too close to the negotiated max_payload of {limit} "

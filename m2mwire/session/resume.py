@@ -41,8 +41,6 @@ from __future__ import annotations
 import hmac
 import itertools
 import secrets
-from collections import deque
-from collections.abc import Iterator
 
 from m2mwire.codecs.buffers import Buffer
 from m2mwire.codecs.limits import MiB
@@ -69,8 +67,11 @@ _TOKEN_BYTES = 32  # 256 bits of secret: a session id alone never resumes a sess
 # A resume retransmits what the peer has not acknowledged, encoding each message again (a zstd
 # context compresses it afresh): up to the whole retention buffer, ~360 ms of CPU for 16 MiB of
 # zstd text. A peer that never acknowledges and resumes over and over (one ~1 KB HELLO each)
-# made a server do that back to back, stalling its other sessions. So replays draw on a budget:
-# a whole buffer at once, refilled at one buffer per REPLAY_REFILL seconds, and REPLAY_REFUND
+# made a server do that back to back, stalling its other sessions. So replays draw on a budget,
+# charged what each replay sends again (next_replayed: a replay that a lost connection cut short
+# costs what it carried, not the whole buffer, which made a client on a connection breaking every
+# few hundred KB wait up to 5 s per resume): a whole buffer at once, refilled at one buffer per
+# REPLAY_REFILL seconds, and REPLAY_REFUND
 # bytes given back per byte of a replay the peer then acknowledges: a client resuming after real
 # cuts takes part of each replay before the next cut (the chaos tests: several MiB of 16) and
 # never waits, while replays nobody takes are limited to one buffer per REPLAY_REFILL plus
@@ -101,7 +102,7 @@ class ResumeState:
     """Counters and retained messages of one session that negotiated ``resume``.
 
     Kept to a few attribute updates per message (it runs for every DATA message both ways): the
-    retention deque holds the messages themselves (the encoded bytes by reference, no copy and no
+    retention list holds the messages themselves (the encoded bytes by reference, no copy and no
     per-message tuple), their sizes are taken again when an ACK releases them, and ``sent``
     follows from the acknowledged count and what is retained. The per-message steps for text DATA
     (:meth:`on_sent`, :meth:`on_received`) are plain attribute updates that the session core does
@@ -111,7 +112,9 @@ class ResumeState:
     __slots__ = (
         "_acked_received",
         "_budget_at",
+        "_head",
         "_replay_budget",
+        "_replay_next",
         "_replayed_upto",
         "ack_at",
         "ack_bytes",
@@ -132,7 +135,11 @@ class ResumeState:
         self.token = token
         self.received = 0  # DATA messages received: what our ACKs carry
         self.acked = 0  # the peer's latest cumulative acknowledgement
-        self.retained: deque[RetainedMessage] = deque()  # seq acked+1 .. sent
+        # Messages acked+1 .. sent are retained[_head:]; the entries before _head were released
+        # (None) and are dropped in bulk (see on_ack). A list, not a deque: a replay walks it by
+        # position while sends append to it and ACKs release from its front.
+        self.retained: list[RetainedMessage | None] = []
+        self._head = 0
         self.retained_bytes = 0
         self._acked_received = 0  # ``received`` as our last ACK carried it
         self.ack_at = ACK_EVERY  # ``received`` at which an ACK is due whatever the bytes
@@ -140,13 +147,18 @@ class ResumeState:
         self._replay_budget = float(buffer_bytes)  # bytes a replay may take now (see REPLAY_REFILL)
         self._budget_at: float | None = None  # when _replay_budget was last charged
         self._replayed_upto = 0  # the last message the last replay sent again
+        self._replay_next = 0  # the next message a replay in progress sends again (0: none)
 
     # -- sending ----------------------------------------------------------------------------------
 
     @property
     def sent(self) -> int:
         """DATA messages sent: the sequence number of the last one."""
-        return self.acked + len(self.retained)
+        return self.acked + len(self.retained) - self._head
+
+    def pending(self) -> list[RetainedMessage]:
+        """The retained messages, oldest first (a copy)."""
+        return self.retained[self._head :]  # type: ignore[return-value]  # past _head: no None
 
     @property
     def full(self) -> bool:
@@ -167,19 +179,18 @@ class ResumeState:
         released = received - self.acked
         if released <= 0:  # repeated or stale: releases nothing (docs/PROTOCOL.md §9)
             return 0
-        retained = self.retained
-        if released > len(retained):
+        retained, head = self.retained, self._head
+        if released > len(retained) - head:
             raise ProtocolError(
                 f"ACK for {received} DATA messages, but only {self.sent} were sent",
                 code=SessionCode.INVALID_ACK,
             )
-        # Of these, the first ``replayed`` were sent again by the last replay: the peer took them,
-        # so that replay was not wasted work and its budget is given back for them.
+        # Of these, the first ``replayed`` were sent again by a replay: the peer took them, so
+        # that replay was not wasted work and its budget is given back for them.
         replayed = min(received, self._replayed_upto) - self.acked
         freed = refund = 0
-        popleft = retained.popleft
-        for i in range(released):
-            message = popleft()
+        end = head + released
+        for i, message in enumerate(retained[head:end]):
             kind = type(message)
             # bytes (text DATA) and text in binary form first: the per-message cases
             size = (
@@ -187,19 +198,24 @@ class ResumeState:
                 if kind is bytes
                 else message.size  # type: ignore[union-attr]
                 if kind is BinaryTextMessage
-                else message_size(message)
+                else message_size(message)  # type: ignore[arg-type]
             )
             freed += size
             if i < replayed:
                 refund += size
+        retained[head:end] = itertools.repeat(None, released)  # released: freed now
+        if end > 1024 and 2 * end > len(retained):  # drop the released prefix: amortised O(1)
+            del retained[:end]
+            end = 0
+        self._head = end
         self.acked = received
         self.retained_bytes -= freed
         self._replay_budget += REPLAY_REFUND * refund  # (capped at the buffer when read: _budget)
         return released
 
-    def replay(self, peer_received: int, now: float) -> Iterator[RetainedMessage]:
-        """On resume: release what the peer says it got, then yield what it did not, in order
-        (their bytes are charged to the replay budget)."""
+    def replay(self, peer_received: int, now: float) -> int:
+        """On resume: release what the peer says it got, and start a replay of what it did not
+        (:meth:`next_replayed`); returns how many messages that is."""
         if peer_received < self.acked:
             raise ProtocolError(
                 f"the peer resumes at {peer_received} DATA messages received, but had already "
@@ -207,19 +223,57 @@ class ResumeState:
                 code=SessionCode.INVALID_ACK,
             )
         self.on_ack(peer_received)
-        self._replay_budget = self._budget(now) - self.retained_bytes
+        self._replay_budget = self._budget(now)
         self._budget_at = now
-        self._replayed_upto = self.sent
-        return iter(list(self.retained))
+        count = self.sent - self.acked
+        self._replay_next = self.acked + 1 if count else 0
+        return count
+
+    @property
+    def replaying(self) -> bool:
+        """A replay is in progress: :meth:`next_replayed` has a message to send again."""
+        return self._replay_next != 0
+
+    def next_replayed(self) -> RetainedMessage | None:
+        """The next message of the replay in progress, charged to the replay budget; None once
+        the replay has reached the last message sent (messages sent during it included)."""
+        seq = self._replay_next
+        if seq <= self.acked:  # the peer acknowledged past it (it lied, or it got it before)
+            seq = self.acked + 1
+        if seq == 0 or seq > self.sent:
+            self._replay_next = 0
+            return None
+        message = self.retained[self._head + seq - self.acked - 1]
+        self._replay_next = self._replayed_upto = seq
+        self._replay_next += 1
+        kind = type(message)  # text DATA first, as in on_ack: the per-message case
+        self._replay_budget -= (
+            len(message)  # type: ignore[arg-type]
+            if kind is bytes
+            else message.size  # type: ignore[union-attr]
+            if kind is BinaryTextMessage
+            else message_size(message)  # type: ignore[arg-type]
+        )
+        return message
+
+    def stop_replay(self) -> None:
+        """The connection carrying a replay is gone: the next resume starts another."""
+        self._replay_next = 0
 
     def replay_wait(self, peer_received: int, now: float) -> float:
         """Seconds a resume at ``peer_received`` should wait before its replay, so that replays
-        stay within their budget (REPLAY_REFILL); 0 for the first resume of a full buffer."""
-        skip = min(max(peer_received - self.acked, 0), len(self.retained))
-        taken = [message_size(m) for m in itertools.islice(self.retained, skip)]  # released by it
+        stay within their budget (REPLAY_REFILL): 0 while the budget covers a replay of all that
+        would remain retained (a replay is charged only what it sends again, so one that a lost
+        connection cut short cost little)."""
+        head = self._head
+        skip = min(max(peer_received - self.acked, 0), len(self.retained) - head)
+        taken = [message_size(m) for m in self.retained[head : head + skip]]  # type: ignore[arg-type]
         replayed = max(0, min(skip, self._replayed_upto - self.acked))  # of them, replayed before
         refund = REPLAY_REFUND * sum(taken[:replayed])
-        deficit = self.retained_bytes - sum(taken) - (self._budget(now) + refund)
+        # A full buffer may hold one message more than buffer_bytes (send() waits only once it
+        # is full): its first replay still goes at once.
+        cost = min(self.retained_bytes - sum(taken), self.buffer_bytes)
+        deficit = cost - (self._budget(now) + refund)
         return max(0.0, deficit * REPLAY_REFILL / self.buffer_bytes) if self.buffer_bytes else 0.0
 
     def _budget(self, now: float) -> float:

@@ -221,7 +221,7 @@ def test_text_in_binary_form_is_retained_as_its_text_and_framed_again_on_resume(
     client.send(big[2], 2.5, algorithm=Algorithm.NONE)  # lost with the connection, like big[1]
     client.data_to_send()
     assert client.resume is not None
-    retained = list(client.resume.retained)
+    retained = client.resume.pending()
     assert all(isinstance(m, BinaryTextMessage) and m.frame is None for m in retained)
     assert retained[-2].text is big[1]  # the caller's own str, by reference
     client.transport_closed(None, 3.0)
@@ -301,22 +301,78 @@ def test_ack_beyond_what_was_sent_is_a_protocol_error() -> None:
 
 def test_replays_draw_on_a_budget_of_one_buffer_per_refill_period() -> None:
     """A peer that never acknowledges and resumes again and again made the server encode its
-    whole retention buffer each time, back to back. The first replay of a full buffer goes at
-    once; another right after waits until the budget has refilled."""
+    whole retention buffer each time, back to back. Replays are charged what they send again,
+    message by message: a whole buffer goes at once, and the next resume after it waits until the
+    budget has refilled; a replay cut short costs only what it sent (a client on a connection that
+    breaks every few hundred KB never waits, where charging the whole buffer per resume made it
+    wait up to 5 s at a time with its peer's buffer full)."""
+
+    def replay_all(state: ResumeState, peer: int, now: float) -> int:
+        count = state.replay(peer, now)
+        taken = 0
+        while state.next_replayed() is not None:  # bounded by what is retained
+            taken += 1
+        assert taken == count and not state.replaying
+        return taken
+
     state = ResumeState(1000, 1000, "t")
     for _ in range(10):
         state.on_sent(b"x" * 100, 100)
     assert state.replay_wait(0, 0.0) == 0.0
-    assert len(list(state.replay(0, 0.0))) == 10  # the whole buffer: the budget is spent
+    assert replay_all(state, 0, 0.0) == 10  # the whole buffer: the budget is spent
     assert state.replay_wait(0, 0.0) == pytest.approx(REPLAY_REFILL)
     assert state.replay_wait(0, REPLAY_REFILL / 2) == pytest.approx(REPLAY_REFILL / 2)
     assert state.replay_wait(5, REPLAY_REFILL / 2) == 0.0  # half the messages: half the cost
     assert state.replay_wait(0, REPLAY_REFILL) == 0.0
-    list(state.replay(0, REPLAY_REFILL / 2))  # taken early anyway (the shell caps its wait):
+    assert replay_all(state, 0, REPLAY_REFILL / 2) == 10  # taken early anyway (the shell caps its wait):
     assert state.replay_wait(0, REPLAY_REFILL / 2) == pytest.approx(1.5 * REPLAY_REFILL)  # in debt
     # The peer takes one replayed message of 100 bytes: REPLAY_REFUND times that comes back.
     assert REPLAY_REFUND * 100 >= 1500 + 1000
     assert state.on_ack(1) == 1 and state.replay_wait(1, REPLAY_REFILL / 2) == 0.0
+    # A replay cut short (the connection lost after 2 messages) is charged those 2 only.
+    state = ResumeState(1000, 1000, "t")
+    for _ in range(5):
+        state.on_sent(b"x" * 100, 100)
+    for _ in range(2):
+        assert state.replay_wait(0, 0.0) == 0.0
+        assert state.replay(0, 0.0) == 5
+        assert state.next_replayed() == b"x" * 100 and state.next_replayed() is not None
+        state.stop_replay()
+        assert not state.replaying
+    # 2 x 200 bytes charged: the 600 left still cover a replay of the 500 retained (charged
+    # whole, 2 x 500, the budget would be spent).
+    assert state.replay_wait(0, 0.0) == 0.0
+    assert replay_all(state, 0, 0.0) == 5 and state.replay_wait(0, 0.0) > 0
+
+
+def test_a_replay_takes_messages_sent_while_it_runs_and_skips_what_the_peer_acknowledged() -> None:
+    state = ResumeState(10_000, 10_000, "t")
+    for i in range(4):
+        state.on_sent(b"m%d" % i, 2)
+    assert state.replay(1, 0.0) == 3  # the peer had message 1
+    assert state.next_replayed() == b"m1"
+    state.on_sent(b"m4", 2)  # sent during the replay: retained only, the replay sends it in turn
+    assert state.on_ack(3) == 2  # the peer acknowledged 2 and 3 (it had 3 already)
+    assert state.next_replayed() == b"m3"
+    assert state.next_replayed() == b"m4"
+    assert state.next_replayed() is None and not state.replaying
+    assert state.pending() == [b"m3", b"m4"] and state.sent == 5
+
+
+def test_releasing_from_the_front_drops_the_released_prefix_in_bulk() -> None:
+    """Released messages are freed at once (None) and the list is cut once more than half of it
+    is released: the memory follows what is retained, and an ACK of one message at a time costs
+    O(1) each, not a shift of the whole buffer."""
+    state = ResumeState(1 << 30, 1 << 30, "t")
+    for i in range(5000):
+        state.on_sent(b"%d" % i, len(b"%d" % i))
+    cut = False
+    for n in range(1, 4001):
+        state.on_ack(n)
+        head = state._head
+        assert all(m is None for m in state.retained[:head]) and state.retained[head] == b"%d" % n
+        cut = cut or len(state.retained) < 5000
+    assert cut and state.pending()[0] == b"4000" and state.sent == 5000
 
 
 def test_session_timeout_none_never_closes_an_idle_session() -> None:
@@ -423,7 +479,7 @@ def test_inline_text_steps_agree_with_on_sent_and_on_received(contents: list[Any
         (out,) = client.data_to_send()
         assert isinstance(out, SendMessage) and type(out.message) is bytes
         sender.on_sent(out.message, len(out.message))
-        assert list(client.resume.retained) == list(sender.retained)
+        assert client.resume.pending() == sender.pending()
         assert client.resume.retained_bytes == sender.retained_bytes
         assert client.resume.full == sender.full
         assert server.receive_text(out.message, 1.0) is not None
@@ -434,3 +490,75 @@ def test_inline_text_steps_agree_with_on_sent_and_on_received(contents: list[Any
             receiver.received,
             receiver.unacked_bytes,
         )
+
+
+def _take(src: SessionProtocol, dst: SessionProtocol, n: int, now: float) -> list[Message]:
+    """Move at most ``n`` of src's outputs to dst, as a shell takes them one at a time."""
+    got = []
+    for _ in range(n):
+        out = src.next_output()
+        if out is None:
+            break
+        assert isinstance(out, SendMessage)
+        if out.text:
+            m = dst.receive_text(out.message, now)
+        else:
+            m = dst.receive_binary(b"".join(bytes(p) for p in out.message), now)
+        if m is not None:
+            got.append(m)
+    return got
+
+
+@pytest.mark.parametrize("binary", [True, False])
+def test_data_sent_during_a_replay_goes_after_it_through_the_same_fresh_context(binary: bool) -> None:
+    """A replay is made as the shell takes its messages. A zstd message sent meanwhile is not
+    compressed at once (it would enter the fresh context ahead of the replayed ones, which the
+    peer decodes first): it is retained and the replay takes it in turn."""
+    zstd = ZstdOptions(binary=binary)
+    client, server = established(cfg(resume=True, zstd=zstd), cfg(zstd=zstd))
+    for i in range(4):
+        client.send(_prose(i), 1.0)
+    deliver(client, server, lose=True)
+    client.transport_closed(None, 2.0)
+    server.transport_closed(None, 2.0)
+    drain(client), drain(server)
+    resume_over_a_fresh_connection(client, server, cfg(zstd=zstd), 3.0)
+    deliver(server, client, 3.0)  # the ACCEPT: the client's replay of 4 starts
+    got = _take(client, server, 2, 3.0)
+    sent = client.send(_prose(4), 3.5)  # mid-replay: retained, not yet on the wire
+    assert sent.algorithm == "zstd" and client.resume is not None and client.resume.sent == 5
+    assert client.sole_output() is None  # the shell must take the replay's messages first
+    got += deliver(client, server, 4.0)
+    assert [m.text for m in got] == [_prose(i) for i in range(5)]
+    assert all(m.algorithm == "zstd" for m in got)
+    client.send(_prose(5), 5.0)  # the replay is over: straight out again
+    assert client.sole_output() is not None
+    assert [m.text for m in deliver(client, server, 5.0)] == [_prose(5)]
+
+
+def test_a_replay_cut_short_is_charged_what_it_sent_and_the_next_resume_waits_for_that_only() -> None:
+    """A connection that breaks every few hundred KB with the peer's buffer full: charging each
+    resume the whole buffer made the server wait up to hello_timeout / 2 before nearly every
+    replay (the WebSocket chaos test with seed 101: 5 waits, 21 s of its 26). Charged what it
+    sent, a replay delays the next one only by what that costs at the refill rate."""
+    plain = cfg(resume_buffer_bytes=1 << 20, algorithms=(Algorithm.NONE,))
+    client, server = established(replace(plain, resume=True), plain)
+    for i in range(220):
+        server.send(f"{i:04d}".ljust(5000, "x"), 1.0)  # 1.1 MB: the server's buffer is full
+    deliver(server, client, lose=True)
+    assert server.resume is not None and server.resume.full
+    now, waits = 2.0, []
+    for _ in range(10):  # each new connection carries 3 messages (~15 KB) before it breaks
+        client.transport_closed(None, now)
+        server.transport_closed(None, now)
+        drain(client), drain(server)
+        waits.append(server.replay_wait(0, now))
+        now += waits[-1]
+        resume_over_a_fresh_connection(client, server, plain, now)
+        server.next_output()  # the ACCEPT
+        for _ in range(3):  # written, then lost with the connection: the client never gets them
+            assert isinstance(server.next_output(), SendMessage)
+        now += 0.01
+    per_cut = 3 * 5060 * REPLAY_REFILL / (1 << 20)  # 3 messages at the refill rate: ~0.145 s
+    assert waits[0] == 0.0 and max(waits) <= per_cut
+    assert server.stats.reconnects == 10 and server.resume.acked == 0
