@@ -53,13 +53,15 @@ def deliver(
     for out in src.data_to_send():
         if lose or not isinstance(out, SendMessage):
             continue
-        if out.text:
-            m = dst.receive_text(out.message, now)
-        else:
-            m = dst.receive_binary(b"".join(bytes(p) for p in out.message), now)
-        if m is not None:
+        if (m := receive(dst, out, now)) is not None:
             got.append(m)
     return got
+
+
+def receive(dst: SessionProtocol, out: SendMessage, now: float) -> Message | None:
+    if out.text:
+        return dst.receive_text(out.message, now)
+    return dst.receive_binary(b"".join(bytes(p) for p in out.message), now)
 
 
 def established(
@@ -500,11 +502,7 @@ def _take(src: SessionProtocol, dst: SessionProtocol, n: int, now: float) -> lis
         if out is None:
             break
         assert isinstance(out, SendMessage)
-        if out.text:
-            m = dst.receive_text(out.message, now)
-        else:
-            m = dst.receive_binary(b"".join(bytes(p) for p in out.message), now)
-        if m is not None:
+        if (m := receive(dst, out, now)) is not None:
             got.append(m)
     return got
 
