@@ -11,9 +11,12 @@ round trips before and during.
 Measured (20 s, 2-vCPU VM; the echo answers in the algorithm it got, so the retained echoes are
 plain text): before the replay budget (session/resume.py, REPLAY_REFILL), 209 resumes, the server
 at 100 % of a core (96 ms per resume), canary p50 0.1 -> 89.9 ms; with it, 3 resumes, 3 % of a
-core, canary p50 0.1 -> 0.1 ms (p99 0.4 ms). Run it from outside the checkout with PYTHONPATH
-pointing at the code to measure (the server process imports m2mwire from its working directory
-first).
+core, canary p50 0.1 -> 0.1 ms (p99 0.4 ms). Stop 25 (replays made as the connection takes them
+and charged what they sent; the writer gives the loop a turn per 1,024 messages, so it learns of
+the lost connection after at most that many): 165 resumes, 4 % of a core (5 ms per resume, the
+handshake included), canary p50 0.1 ms, p99 0.2 -> 1.9 ms. Run it from outside the checkout
+with PYTHONPATH pointing at the code to measure (the server process imports m2mwire from its
+working directory first).
 
     PYTHONPATH=. .venv/bin/python benchmarks/attack_resume_replay.py [--seconds 20] [--plain]
 """

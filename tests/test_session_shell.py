@@ -295,3 +295,37 @@ async def test_a_send_refused_until_the_next_loop_turn_needs_no_write_task(memor
                 await client.send(f"{i:03d} {_PAYLOAD}")
     assert refused >= 50, f"only {refused} refusals: the buffer did not fill"
     assert slow <= 2, f"{slow} of {refused} refused sends took the slow path"
+
+
+async def test_writing_a_long_queue_gives_the_event_loop_a_turn(memory_scheme: str) -> None:
+    """A resume's replay queues up to a whole retention buffer (~100,000 small messages, ~250 ms
+    of writes): written without a turn of the event loop, it stalled every other session for
+    that long, and went on writing into a connection already lost. The writer gives the loop a
+    turn per 1,024 messages written at once, as send() does."""
+
+    async def sink(session: Session) -> None:
+        async for _ in session:
+            pass
+
+    turns = 0
+
+    async def ticker() -> None:
+        nonlocal turns
+        while True:
+            await asyncio.sleep(0)
+            turns += 1
+
+    async with running(memory_scheme, sink) as server:
+        server._impl.buffer_bytes = 1 << 30  # room for everything: every write goes at once
+        async with connect(server.url, algorithms=["none"]) as client:
+            protocol, now = client._protocol, asyncio.get_running_loop().time()
+            for _ in range(8 * 1024):  # queued in the core, as a replay is
+                protocol.send("x" * 100, now)
+            ticking = asyncio.create_task(ticker())
+            await asyncio.sleep(0)
+            before = turns
+            await client._write_pending()
+            ticked = turns - before
+            ticking.cancel()
+            assert not protocol.has_output
+    assert 7 <= ticked <= 9  # one turn per 1,024 messages written, not none

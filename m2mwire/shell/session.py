@@ -885,6 +885,7 @@ class Session:
                     with contextlib.suppress(TransportError):  # _write_finished handled it
                         await asyncio.shield(inflight)
                 # One output at a time: a cancelled write loses nothing queued behind it.
+                written = 0
                 while (out := self._protocol.next_output()) is not None:
                     if isinstance(out, CloseTransport):
                         await self._close_channel(out.code, out.reason)
@@ -893,11 +894,22 @@ class Session:
                         try:
                             if (task := self._start_write(out)) is not None:
                                 await asyncio.shield(task)
+                                written = 0
+                            else:
+                                written += 1
                         except TransportError as exc:
                             if channel is self._channel:
                                 self._on_transport_closed(exc)
                     if self._paused:
                         self._update_reading()
+                    if written >= _YIELD_EVERY:
+                        # Written at once, one after another (a resume's replay: up to a whole
+                        # retention buffer, ~100,000 small messages, ~250 ms): give the loop a
+                        # turn, as send() does, for other sessions, and to learn of a lost
+                        # connection before writing the rest into it. What is not taken yet
+                        # stays queued in the protocol: a cancel here loses nothing.
+                        written = 0
+                        await asyncio.sleep(0)
             finally:
                 self._writing = False
 
