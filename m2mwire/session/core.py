@@ -181,7 +181,7 @@ class Stats:
     wire_tokens_received: int = 0  # their wire strings (token_stats=True; binary zstd: as #ZS| text)
     by_algorithm: dict[str, int] = field(default_factory=dict)
     reconnects: int = 0  # connections this session resumed on (reconnect/resume)
-    retransmitted: int = 0  # DATA messages sent again on a resume (the peer had not got them)
+    retransmitted: int = 0  # DATA messages sent again after a resume (the peer had not got them)
     ping_rtt: float | None = None  # seconds from our last answered PING to its PONG
 
     @property
@@ -243,7 +243,8 @@ class ResumeRequested:
 
 @dataclass(frozen=True, slots=True)
 class Resumed:
-    """The session runs on a new connection; ``retransmitted`` DATA messages are sent again."""
+    """The session runs on a new connection; ``retransmitted`` DATA messages are to be sent again
+    (the replay sends them as the connection takes them: ``Stats.retransmitted`` counts those sent)."""
 
     retransmitted: int
 
@@ -1252,7 +1253,6 @@ class SessionProtocol:
         # sent meanwhile is retained only, and the replay takes it in turn.
         self._direct = not pending
         self.stats.reconnects += 1
-        self.stats.retransmitted += pending
         self._events.append(Resumed(pending))
 
     def _replayed(self) -> Output | None:
@@ -1261,11 +1261,13 @@ class SessionProtocol:
         r = self.resume
         assert r is not None
         message = r.next_replayed()
-        if type(message) is bytes:  # text DATA: its envelope as it was
-            return SendMessage(message)
         if message is None:
             self._direct = True
             return None
+        if r.replayed_upto <= r.replay_end:  # sent before the resume, not during the replay
+            self.stats.retransmitted += 1
+        if type(message) is bytes:  # text DATA: its envelope as it was
+            return SendMessage(message)
         if isinstance(message, ZstdMessage):
             assert self._zstd is not None  # only a zstd session retains one
             return SendMessage(self._zstd.wire(message))

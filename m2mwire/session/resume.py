@@ -115,12 +115,13 @@ class ResumeState:
         "_head",
         "_replay_budget",
         "_replay_next",
-        "_replayed_upto",
         "ack_at",
         "ack_bytes",
         "acked",
         "buffer_bytes",
         "received",
+        "replay_end",
+        "replayed_upto",
         "retained",
         "retained_bytes",
         "token",
@@ -146,8 +147,9 @@ class ResumeState:
         self.unacked_bytes = 0  # received since our last ACK
         self._replay_budget = float(buffer_bytes)  # bytes a replay may take now (see REPLAY_REFILL)
         self._budget_at: float | None = None  # when _replay_budget was last charged
-        self._replayed_upto = 0  # the last message the last replay sent again
+        self.replayed_upto = 0  # the last message the last replay sent again
         self._replay_next = 0  # the next message a replay in progress sends again (0: none)
+        self.replay_end = 0  # the last message sent before the replay began: later ones are new
 
     # -- sending ----------------------------------------------------------------------------------
 
@@ -187,7 +189,7 @@ class ResumeState:
             )
         # Of these, the first ``replayed`` were sent again by a replay: the peer took them, so
         # that replay was not wasted work and its budget is given back for them.
-        replayed = min(received, self._replayed_upto) - self.acked
+        replayed = min(received, self.replayed_upto) - self.acked
         freed = refund = 0
         end = head + released
         for i, message in enumerate(retained[head:end]):
@@ -227,6 +229,7 @@ class ResumeState:
         self._budget_at = now
         count = self.sent - self.acked
         self._replay_next = self.acked + 1 if count else 0
+        self.replay_end = self.sent
         return count
 
     @property
@@ -244,7 +247,7 @@ class ResumeState:
             self._replay_next = 0
             return None
         message = self.retained[self._head + seq - self.acked - 1]
-        self._replay_next = self._replayed_upto = seq
+        self._replay_next = self.replayed_upto = seq
         self._replay_next += 1
         kind = type(message)  # text DATA first, as in on_ack: the per-message case
         self._replay_budget -= (
@@ -268,7 +271,7 @@ class ResumeState:
         head = self._head
         skip = min(max(peer_received - self.acked, 0), len(self.retained) - head)
         taken = [message_size(m) for m in self.retained[head : head + skip]]  # type: ignore[arg-type]
-        replayed = max(0, min(skip, self._replayed_upto - self.acked))  # of them, replayed before
+        replayed = max(0, min(skip, self.replayed_upto - self.acked))  # of them, replayed before
         refund = REPLAY_REFUND * sum(taken[:replayed])
         # A full buffer may hold one message more than buffer_bytes (send() waits only once it
         # is full): its first replay still goes at once.

@@ -529,6 +529,7 @@ def test_data_sent_during_a_replay_goes_after_it_through_the_same_fresh_context(
     got += deliver(client, server, 4.0)
     assert [m.text for m in got] == [_prose(i) for i in range(5)]
     assert all(m.algorithm == "zstd" for m in got)
+    assert client.stats.retransmitted == 4  # the fifth went out for the first time
     client.send(_prose(5), 5.0)  # the replay is over: straight out again
     assert client.sole_output() is not None
     assert [m.text for m in deliver(client, server, 5.0)] == [_prose(5)]
@@ -560,3 +561,4 @@ def test_a_replay_cut_short_is_charged_what_it_sent_and_the_next_resume_waits_fo
     per_cut = 3 * 5060 * REPLAY_REFILL / (1 << 20)  # 3 messages at the refill rate: ~0.145 s
     assert waits[0] == 0.0 and max(waits) <= per_cut
     assert server.stats.reconnects == 10 and server.resume.acked == 0
+    assert server.stats.retransmitted == 30  # what went out again, not 220 per resume
