@@ -241,9 +241,11 @@ class ResumeState:
         """The next message of the replay in progress, charged to the replay budget; None once
         the replay has reached the last message sent (messages sent during it included)."""
         seq = self._replay_next
+        if not seq:  # no replay in progress (none started, over, or stopped)
+            return None
         if seq <= self.acked:  # the peer acknowledged past it (it lied, or it got it before)
             seq = self.acked + 1
-        if seq == 0 or seq > self.sent:
+        if seq > self.sent:
             self._replay_next = 0
             return None
         message = self.retained[self._head + seq - self.acked - 1]

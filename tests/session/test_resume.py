@@ -359,6 +359,10 @@ def test_a_replay_takes_messages_sent_while_it_runs_and_skips_what_the_peer_ackn
     assert state.next_replayed() == b"m4"
     assert state.next_replayed() is None and not state.replaying
     assert state.pending() == [b"m3", b"m4"] and state.sent == 5
+    assert state.next_replayed() is None  # over: nothing more, though messages are retained
+    state.replay(3, 0.0)
+    state.stop_replay()  # the connection is gone
+    assert state.next_replayed() is None
 
 
 def test_releasing_from_the_front_drops_the_released_prefix_in_bulk() -> None:
