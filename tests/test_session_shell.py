@@ -50,6 +50,31 @@ def channel_of(session: Session) -> MemoryChannel:
     return channel
 
 
+async def sink(session: Session) -> None:
+    """A handler that reads everything and answers nothing."""
+    async for _ in session:
+        pass
+
+
+@asynccontextmanager
+async def loop_turns() -> AsyncIterator[list[int]]:
+    """Counts the event loop's turns while the block runs (the count in the list's one item)."""
+    turns = [0]
+
+    async def ticker() -> None:
+        while True:
+            await asyncio.sleep(0)
+            turns[0] += 1
+
+    ticking = asyncio.create_task(ticker())
+    await asyncio.sleep(0)  # the ticker is running: turns from here on count
+    turns[0] = 0
+    try:
+        yield turns
+    finally:
+        ticking.cancel()
+
+
 async def test_messages_keep_their_order_both_ways(memory_scheme: str) -> None:
     async def echo(session: Session) -> None:
         async for message in session:
@@ -236,29 +261,13 @@ async def test_a_sending_loop_gives_the_event_loop_a_turn(memory_scheme: str) ->
     then, a sending loop on a fast connection starves every other task (other sessions, timers)
     and, with reconnect=True, never reads the peer's ACKs, so it keeps up to resume_buffer_bytes of
     messages the peer has long acknowledged. send() gives the loop a turn per 1,024 messages."""
-
-    async def sink(session: Session) -> None:
-        async for _ in session:
-            pass
-
-    turns = 0
-
-    async def ticker() -> None:
-        nonlocal turns
-        while True:
-            await asyncio.sleep(0)
-            turns += 1
-
     async with running(memory_scheme, sink) as server:
         server._impl.buffer_bytes = 1 << 30  # room for everything: no send() ever waits
         async with connect(server.url, algorithms=["none"], reconnect=True) as client:
-            ticking = asyncio.create_task(ticker())
-            await asyncio.sleep(0)
-            before = turns
-            for _ in range(8 * 1024):
-                await client.send("x" * 100)
-            ticked = turns - before
-            ticking.cancel()
+            async with loop_turns() as turns:
+                for _ in range(8 * 1024):
+                    await client.send("x" * 100)
+                ticked = turns[0]
     assert 7 <= ticked <= 9  # one turn per 1,024 messages sent, not one per message
 
 
@@ -267,11 +276,6 @@ async def test_a_send_refused_until_the_next_loop_turn_needs_no_write_task(memor
     next turn (the reader drains it; QUIC refuses once a turn's writes reach its flush threshold).
     send() then gives the loop that turn and writes directly: the slow path (channel.send() in a
     task of its own, with a write_timeout timer) only for a refusal that outlasts it."""
-
-    async def sink(session: Session) -> None:
-        async for _ in session:
-            pass
-
     async with running(memory_scheme, sink) as server, connect(server.url) as client:
         channel = channel_of(client)
         send_now, send = channel.send_now, channel.send
@@ -302,30 +306,14 @@ async def test_writing_a_long_queue_gives_the_event_loop_a_turn(memory_scheme: s
     of writes): written without a turn of the event loop, it stalled every other session for
     that long, and went on writing into a connection already lost. The writer gives the loop a
     turn per 1,024 messages written at once, as send() does."""
-
-    async def sink(session: Session) -> None:
-        async for _ in session:
-            pass
-
-    turns = 0
-
-    async def ticker() -> None:
-        nonlocal turns
-        while True:
-            await asyncio.sleep(0)
-            turns += 1
-
     async with running(memory_scheme, sink) as server:
         server._impl.buffer_bytes = 1 << 30  # room for everything: every write goes at once
         async with connect(server.url, algorithms=["none"]) as client:
             protocol, now = client._protocol, asyncio.get_running_loop().time()
             for _ in range(8 * 1024):  # queued in the core, as a replay is
                 protocol.send("x" * 100, now)
-            ticking = asyncio.create_task(ticker())
-            await asyncio.sleep(0)
-            before = turns
-            await client._write_pending()
-            ticked = turns - before
-            ticking.cancel()
+            async with loop_turns() as turns:
+                await client._write_pending()
+                ticked = turns[0]
             assert not protocol.has_output
     assert 7 <= ticked <= 9  # one turn per 1,024 messages written, not none
