@@ -67,16 +67,16 @@ _TOKEN_BYTES = 32  # 256 bits of secret: a session id alone never resumes a sess
 # A resume retransmits what the peer has not acknowledged, encoding each message again (a zstd
 # context compresses it afresh): up to the whole retention buffer, ~360 ms of CPU for 16 MiB of
 # zstd text. A peer that never acknowledges and resumes over and over (one ~1 KB HELLO each)
-# made a server do that back to back, stalling its other sessions. So replays draw on a budget,
-# charged what each replay sends again (next_replayed: a replay that a lost connection cut short
-# costs what it carried, not the whole buffer, which made a client on a connection breaking every
-# few hundred KB wait up to 5 s per resume): a whole buffer at once, refilled at one buffer per
-# REPLAY_REFILL seconds, and REPLAY_REFUND
-# bytes given back per byte of a replay the peer then acknowledges: a client resuming after real
-# cuts takes part of each replay before the next cut (the chaos tests: several MiB of 16) and
-# never waits, while replays nobody takes are limited to one buffer per REPLAY_REFILL plus
-# REPLAY_REFUND times what the peer acknowledges. A resume that would overdraw the budget waits
-# (ResumeState.replay_wait) before its replay starts.
+# made a server do that back to back, stalling its other sessions. So replays draw on a budget:
+# - it holds a whole buffer at once and refills at one buffer per REPLAY_REFILL seconds;
+# - REPLAY_REFUND bytes come back per byte of a replay that the peer then acknowledges;
+# - a replay is charged per message it sends again (next_replayed), so one that a lost
+#   connection cut short costs what it carried, not the whole buffer (charging the whole buffer
+#   made a client on a connection breaking every few hundred KB wait up to 5 s per resume).
+# A client resuming after real cuts takes part of each replay before the next cut (the chaos
+# tests: several MiB of 16) and never waits, while replays nobody takes are limited to one buffer
+# per REPLAY_REFILL plus REPLAY_REFUND times what the peer acknowledges. A resume that would
+# overdraw the budget waits (ResumeState.replay_wait) before its replay starts.
 REPLAY_REFILL = 10.0
 REPLAY_REFUND = 256  # budget given back per byte of a replay the peer then acknowledged
 
