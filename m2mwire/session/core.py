@@ -181,7 +181,7 @@ class Stats:
     wire_tokens_received: int = 0  # their wire strings (token_stats=True; binary zstd: as #ZS| text)
     by_algorithm: dict[str, int] = field(default_factory=dict)
     reconnects: int = 0  # connections this session resumed on (reconnect/resume)
-    retransmitted: int = 0  # DATA messages sent again after a resume (the peer had not got them)
+    retransmitted: int = 0  # DATA sent again after a resume (not DATA first sent by the replay)
     ping_rtt: float | None = None  # seconds from our last answered PING to its PONG
 
     @property
@@ -775,6 +775,7 @@ class SessionProtocol:
         peer_close = self._peer_close
         if self.state is not _CLOSE_RECEIVED or peer_close is None:
             return
+        self._finish_replay()
         self._send_close(SessionCode.NORMAL, "acknowledged")
         self._finish(peer_close, CLOSE_NORMAL)
 
@@ -1168,7 +1169,8 @@ class SessionProtocol:
     def replay_wait(self, peer_received: int, now: float) -> float:
         """Server: seconds a resume at ``peer_received`` should wait for its replay (see
         resume.REPLAY_REFILL); 0 when it may go on at once."""
-        return self.resume.replay_wait(peer_received, now) if self.resume is not None else 0.0
+        r = self.resume
+        return r.replay_wait(peer_received, now, direct=self._direct) if r is not None else 0.0
 
     def attach(self, peer_received: int, now: float) -> None:
         """Server: a resuming client's connection now carries this (detached) session. Queues the
@@ -1253,18 +1255,19 @@ class SessionProtocol:
         # sent meanwhile is retained only, and the replay takes it in turn.
         self._direct = not pending
         self.stats.reconnects += 1
-        self._events.append(Resumed(pending))
+        self._events.append(Resumed(r.to_resend))
 
     def _replayed(self) -> Output | None:
         """The next message of the replay in progress, encoded now (a zstd message compressed
         again in the fresh context); None, and DATA goes out directly again, once it is over."""
         r = self.resume
         assert r is not None
+        transmitted = r.transmitted
         message = r.next_replayed()
         if message is None:
             self._direct = True
             return None
-        if r.replayed_upto <= r.replay_end:  # sent before the resume, not during the replay
+        if r.transmitted == transmitted:  # it went to a connection before (else it moves on)
             self.stats.retransmitted += 1
         if type(message) is bytes:  # text DATA: its envelope as it was
             return SendMessage(message)
@@ -1284,9 +1287,9 @@ class SessionProtocol:
         self.reset_codec_state()
 
     def _detach(self, reason: str, now: float) -> None:
-        self.attached = self._live = self._direct = False
         if self.resume is not None:
-            self.resume.stop_replay()
+            self.resume.on_detached(self._direct)
+        self.attached = self._live = self._direct = False
         self._resuming = False
         self._hello_deadline = self._pong_deadline = self._ping_sent_at = None
         self._missed_pongs = 0
@@ -1474,11 +1477,19 @@ class SessionProtocol:
         """ESTABLISHED -> CLOSING: say CLOSE and wait up to close_timeout for its acknowledgement.
         No PINGs meanwhile (the peer answers the CLOSE or the close timer ends it); ``error`` is
         what the session ends with when we close for a cause (None for the application's close)."""
+        self._finish_replay()
         self._send_close(code, message)
         self.state = State.CLOSING
         self._close_deadline = now + self.config.timers.close_timeout
         self._pong_deadline = None
         self._closed_error = error
+
+    def _finish_replay(self) -> None:
+        """Before an orderly CLOSE: the rest of a replay in progress goes out first, as what was
+        sent before the close must (docs/PROTOCOL.md §3), all at once since nothing follows it."""
+        if not self._direct and self._live:
+            while (out := self._replayed()) is not None:  # bounded by the retained messages
+                self._queue_output(out)
 
     def _send_close(self, code: str, message: str) -> None:
         payload = ClosePayload(reason=_bounded(code), message=_bounded(message))
@@ -1555,6 +1566,9 @@ class SessionProtocol:
             _drop_tracebacks(event.error)
         self.state = State.CLOSED
         self._hello_deadline = self._close_deadline = self._pong_deadline = self._resume_deadline = None
+        if self.resume is not None:  # a replay in progress ends with the session: nothing follows
+            self.resume.stop_replay()  # its CloseTransport (an orderly close sent it all before)
+            self._direct = True
         self._closed_event = event
         self._events.append(event)
         if close_code is not None:

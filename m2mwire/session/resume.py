@@ -113,18 +113,20 @@ class ResumeState:
         "_acked_received",
         "_budget_at",
         "_head",
+        "_released_bytes",
         "_replay_budget",
         "_replay_next",
+        "_transmitted_bytes",
         "ack_at",
         "ack_bytes",
         "acked",
         "buffer_bytes",
         "received",
-        "replay_end",
         "replayed_upto",
         "retained",
         "retained_bytes",
         "token",
+        "transmitted",
         "unacked_bytes",
     )
 
@@ -147,9 +149,14 @@ class ResumeState:
         self.unacked_bytes = 0  # received since our last ACK
         self._replay_budget = float(buffer_bytes)  # bytes a replay may take now (see REPLAY_REFILL)
         self._budget_at: float | None = None  # when _replay_budget was last charged
-        self.replayed_upto = 0  # the last message the last replay sent again
-        self._replay_next = 0  # the next message a replay in progress sends again (0: none)
-        self.replay_end = 0  # the last message sent before the replay began: later ones are new
+        self.replayed_upto = 0  # the last message a replay sent again (charged to the budget)
+        self._replay_next = 0  # the next message a replay in progress takes (0: none)
+        # The last message that went to a connection, set when one is lost (on_detached): those
+        # up to it that the peer did not get are sent again, the later ones for the first time.
+        self.transmitted = 0
+        # Bytes of messages 1 .. transmitted, and of those released: what a replay would send
+        # again is the difference, known without walking the retained messages.
+        self._transmitted_bytes = self._released_bytes = 0
 
     # -- sending ----------------------------------------------------------------------------------
 
@@ -212,6 +219,7 @@ class ResumeState:
         self._head = end
         self.acked = received
         self.retained_bytes -= freed
+        self._released_bytes += freed
         self._replay_budget += REPLAY_REFUND * refund  # (capped at the buffer when read: _budget)
         return released
 
@@ -229,8 +237,13 @@ class ResumeState:
         self._budget_at = now
         count = self.sent - self.acked
         self._replay_next = self.acked + 1 if count else 0
-        self.replay_end = self.sent
         return count
+
+    @property
+    def to_resend(self) -> int:
+        """Of the retained messages, those that went to a connection before: a replay started
+        now sends them again (the others go out for the first time)."""
+        return max(0, self.transmitted - self.acked)
 
     @property
     def replaying(self) -> bool:
@@ -238,8 +251,9 @@ class ResumeState:
         return self._replay_next != 0
 
     def next_replayed(self) -> RetainedMessage | None:
-        """The next message of the replay in progress, charged to the replay budget; None once
-        the replay has reached the last message sent (messages sent during it included)."""
+        """The next message of the replay in progress (one sent again is charged to the replay
+        budget); None once the replay has reached the last message sent (messages sent while
+        detached or during the replay included: those go out for the first time)."""
         seq = self._replay_next
         if not seq:  # no replay in progress (none started, over, or stopped)
             return None
@@ -249,36 +263,53 @@ class ResumeState:
             self._replay_next = 0
             return None
         message = self.retained[self._head + seq - self.acked - 1]
-        self._replay_next = self.replayed_upto = seq
-        self._replay_next += 1
+        self._replay_next = seq + 1
         kind = type(message)  # text DATA first, as in on_ack: the per-message case
-        self._replay_budget -= (
+        size = (
             len(message)  # type: ignore[arg-type]
             if kind is bytes
             else message.size  # type: ignore[union-attr]
             if kind is BinaryTextMessage
             else message_size(message)  # type: ignore[arg-type]
         )
+        if seq > self.transmitted:  # its first time on a connection: what send() would cost
+            self.transmitted = seq
+            self._transmitted_bytes += size
+        else:
+            self.replayed_upto = seq
+            self._replay_budget -= size
         return message
 
     def stop_replay(self) -> None:
-        """The connection carrying a replay is gone: the next resume starts another."""
+        """The session ended, or the connection carrying a replay is gone (the next resume
+        starts another)."""
         self._replay_next = 0
 
-    def replay_wait(self, peer_received: int, now: float) -> float:
+    def on_detached(self, direct: bool) -> None:
+        """The connection is lost. ``direct``: the session sent its DATA straight to it, so all
+        sent went to it; else what went to it is what replays took (``transmitted``)."""
+        self._replay_next = 0
+        if direct:
+            self.transmitted = self.sent
+            self._transmitted_bytes = self._released_bytes + self.retained_bytes
+
+    def replay_wait(self, peer_received: int, now: float, *, direct: bool = False) -> float:
         """Seconds a resume at ``peer_received`` should wait before its replay, so that replays
-        stay within their budget (REPLAY_REFILL): 0 while the budget covers a replay of all that
-        would remain retained (a replay is charged only what it sends again, so one that a lost
-        connection cut short cost little)."""
-        head = self._head
-        skip = min(max(peer_received - self.acked, 0), len(self.retained) - head)
-        taken = [message_size(m) for m in self.retained[head : head + skip]]  # type: ignore[arg-type]
-        replayed = max(0, min(skip, self.replayed_upto - self.acked))  # of them, replayed before
-        refund = REPLAY_REFUND * sum(taken[:replayed])
+        stay within their budget (REPLAY_REFILL): 0 while the budget covers what the replay
+        would send again (a replay is charged only that, so one that a lost connection cut short
+        cost little). ``direct``: the session still sends straight to a connection (one the
+        resume will replace), so everything sent went to it.
+
+        ``peer_received`` acknowledges (the caller checked the peer's token): it is released
+        here, once, so that a peer resuming again and again costs no walk of the retained
+        messages each time; a count the resume itself will refuse releases nothing."""
+        if self.acked < peer_received <= self.sent:
+            self.on_ack(peer_received)  # gives back the budget of what it replayed, too
+        resend = self.retained_bytes if direct else self._transmitted_bytes - self._released_bytes
         # A full buffer may hold one message more than buffer_bytes (send() waits only once it
         # is full): its first replay still goes at once.
-        cost = min(self.retained_bytes - sum(taken), self.buffer_bytes)
-        deficit = cost - (self._budget(now) + refund)
+        cost = min(max(resend, 0), self.buffer_bytes)
+        deficit = cost - self._budget(now)
         return max(0.0, deficit * REPLAY_REFILL / self.buffer_bytes) if self.buffer_bytes else 0.0
 
     def _budget(self, now: float) -> float:

@@ -20,6 +20,7 @@ from m2mwire.session.binarytext import BINARY_TEXT_MIN, BinaryTextMessage
 from m2mwire.session.config import SessionConfig, ZstdOptions
 from m2mwire.session.core import (
     Closed,
+    CloseTransport,
     Detached,
     Established,
     Message,
@@ -28,6 +29,7 @@ from m2mwire.session.core import (
     Role,
     SendMessage,
     SessionProtocol,
+    State,
 )
 from m2mwire.session.resume import ACK_EVERY, REPLAY_REFILL, REPLAY_REFUND, ResumeState
 
@@ -190,7 +192,8 @@ def test_resume_retransmits_exactly_what_each_side_missed() -> None:
     assert [m.text for m in got_by_server] == ["c2", '{"c":3}', "c4"]
     assert [type(e) for e in drain(client)] == [Resumed]
     assert client.stats.reconnects == server.stats.reconnects == 1
-    assert client.stats.retransmitted == 3 and server.stats.retransmitted == 1
+    # c4 went to no connection before: sent for the first time, not retransmitted
+    assert client.stats.retransmitted == 2 and server.stats.retransmitted == 1
     # and the session goes on, numbering continuing
     client.send("c5", 6.0)
     assert [m.text for m in deliver(client, server)] == ["c5"]
@@ -320,26 +323,28 @@ def test_replays_draw_on_a_budget_of_one_buffer_per_refill_period() -> None:
     state = ResumeState(1000, 1000, "t")
     for _ in range(10):
         state.on_sent(b"x" * 100, 100)
+    state.on_detached(direct=True)  # the connection that carried them is lost
     assert state.replay_wait(0, 0.0) == 0.0
     assert replay_all(state, 0, 0.0) == 10  # the whole buffer: the budget is spent
     assert state.replay_wait(0, 0.0) == pytest.approx(REPLAY_REFILL)
     assert state.replay_wait(0, REPLAY_REFILL / 2) == pytest.approx(REPLAY_REFILL / 2)
-    assert state.replay_wait(5, REPLAY_REFILL / 2) == 0.0  # half the messages: half the cost
     assert state.replay_wait(0, REPLAY_REFILL) == 0.0
     assert replay_all(state, 0, REPLAY_REFILL / 2) == 10  # taken early anyway (the shell caps its wait):
     assert state.replay_wait(0, REPLAY_REFILL / 2) == pytest.approx(1.5 * REPLAY_REFILL)  # in debt
-    # The peer takes one replayed message of 100 bytes: REPLAY_REFUND times that comes back.
-    assert REPLAY_REFUND * 100 >= 1500 + 1000
-    assert state.on_ack(1) == 1 and state.replay_wait(1, REPLAY_REFILL / 2) == 0.0
+    # The resuming peer got 5 replayed messages of 100 bytes: they are released (its count is an
+    # ACK), and REPLAY_REFUND times their bytes come back.
+    assert REPLAY_REFUND * 500 >= 1500 + 1000
+    assert state.replay_wait(5, REPLAY_REFILL / 2) == 0.0 and state.acked == 5
     # A replay cut short (the connection lost after 2 messages) is charged those 2 only.
     state = ResumeState(1000, 1000, "t")
     for _ in range(5):
         state.on_sent(b"x" * 100, 100)
+    state.on_detached(direct=True)
     for _ in range(2):
         assert state.replay_wait(0, 0.0) == 0.0
         assert state.replay(0, 0.0) == 5
         assert state.next_replayed() == b"x" * 100 and state.next_replayed() is not None
-        state.stop_replay()
+        state.on_detached(direct=False)  # the connection carrying the replay is lost
         assert not state.replaying
     # 2 x 200 bytes charged: the 600 left still cover a replay of the 500 retained (charged
     # whole, 2 x 500, the budget would be spent).
@@ -433,7 +438,8 @@ def test_zstd_resumes_with_fresh_contexts_and_retransmits_recompressed(binary: b
     ]
     assert all(m.algorithm == "zstd" and m.binary is binary for m in before + after)
     assert client.state.value == server.state.value == "ESTABLISHED"
-    assert client.stats.retransmitted == 3 and server.stats.retransmitted == 1
+    # _prose(6), sent while detached, went out for the first time
+    assert client.stats.retransmitted == 2 and server.stats.retransmitted == 1
     # the retransmissions started new frames: a context that was not reset would have failed
     assert sum(m.wire_bytes for m in after) < sum(m.original_bytes for m in after) / 3
 
@@ -566,3 +572,122 @@ def test_a_replay_cut_short_is_charged_what_it_sent_and_the_next_resume_waits_fo
     assert waits[0] == 0.0 and max(waits) <= per_cut
     assert server.stats.reconnects == 10 and server.resume.acked == 0
     assert server.stats.retransmitted == 30  # what went out again, not 220 per resume
+
+
+PLAIN = cfg(algorithms=(Algorithm.NONE,))
+
+
+def _server_replaying(n: int) -> tuple[SessionProtocol, SessionProtocol]:
+    """The server sent s0..s{n-1}, all lost with the connection; the client resumed and the
+    server's replay of the n messages has just begun (its ACCEPT taken, no DATA yet)."""
+    client, server = established(replace(PLAIN, resume=True), PLAIN)
+    for i in range(n):
+        server.send(f"s{i}", 1.0)
+    deliver(server, client, lose=True)
+    client.transport_closed(None, 2.0)
+    server.transport_closed(None, 2.0)
+    drain(client), drain(server)
+    resume_over_a_fresh_connection(client, server, PLAIN, 3.0)
+    accept = server.next_output()
+    assert isinstance(accept, SendMessage) and receive(client, accept, 3.0) is None
+    drain(client), drain(server)
+    return client, server
+
+
+@pytest.mark.parametrize("closer", ["peer", "own"])
+def test_a_close_during_a_replay_goes_out_after_the_rest_of_the_replay(closer: str) -> None:
+    """The CLOSE (ours, or our acknowledgement of the peer's) went out ahead of the replay's
+    remaining DATA, and the shell closes the connection after it: those messages, sent before
+    the close, were lost. Reached when a handler waiting in recv() acknowledges a peer's CLOSE,
+    on Server.aclose() (no wait for ACKs) and after close_timeout."""
+    client, server = _server_replaying(4)
+    out = server.next_output()
+    assert isinstance(out, SendMessage)
+    got = [receive(client, out, 3.0)]  # s0
+    if closer == "peer":
+        client.close(3.5)
+        deliver(client, server, 3.5)
+        assert server.state is State.CLOSE_RECEIVED
+        server.acknowledge_close()
+    else:
+        server.close(3.5, "server shutting down")
+    kinds = []
+    for out in server.data_to_send():
+        kinds.append(type(out).__name__)
+        if isinstance(out, CloseTransport):
+            break  # the shell closes the connection here: nothing after it is written
+        got.append(receive(client, out, 4.0))  # the CLOSE itself gives None
+    assert [m.text for m in got if m is not None] == ["s0", "s1", "s2", "s3"]
+    assert kinds == ["SendMessage"] * 4 + (["CloseTransport"] if closer == "peer" else [])
+    assert server.stats.retransmitted == 4
+
+
+def test_a_session_that_ends_during_a_replay_outputs_nothing_after_its_transport_close() -> None:
+    """A session ended by a protocol violation mid-replay went on making the replay's messages
+    after its CloseTransport: the shell's writer walked the whole rest of the retention, encoding
+    each message (zstd: compressing it) and counting it as retransmitted, writing none."""
+    client, server = _server_replaying(4)
+    out = server.next_output()
+    assert isinstance(out, SendMessage) and receive(client, out, 3.0) is not None  # s0
+    ack = {"type": "ACK", "session_id": server.session_id, "payload": {"received": 99}}
+    server.receive_text(json.dumps(ack).encode(), 3.5)  # past what the client could have got
+    assert server.state is State.CLOSED
+    outs = server.data_to_send()
+    assert isinstance(outs[-1], CloseTransport), outs
+    assert not server.has_output and server.next_output() is None
+    assert server.stats.retransmitted == 1
+
+
+@pytest.mark.parametrize("when", ["detached", "during the replay"])
+def test_messages_a_replay_sends_for_the_first_time_are_neither_charged_nor_counted(when: str) -> None:
+    """DATA sent while detached or during a replay goes out with the replay, but for the first
+    time: it was charged to the replay budget (and counted as retransmitted) as if sent again, so
+    the same traffic made the next resume wait ~8 s or not at all depending on when the
+    application sent it."""
+    plain = cfg(resume_buffer_bytes=100_000, algorithms=(Algorithm.NONE,))
+    client, server = established(replace(plain, resume=True), plain)
+    server.send("s0", 1.0)
+    deliver(server, client, lose=True)
+    client.transport_closed(None, 2.0)
+    server.transport_closed(None, 2.0)
+    drain(client), drain(server)
+    big = ["x" * 10_000] * 8  # 80 KB of a 100 KB buffer
+    if when == "detached":
+        for text in big:
+            server.send(text, 2.5)
+    resume_over_a_fresh_connection(client, server, plain, 3.0)
+    assert isinstance(server.next_output(), SendMessage)  # the ACCEPT
+    (resumed,) = drain(server)
+    assert isinstance(resumed, Resumed) and resumed.retransmitted == 1  # s0 only
+    assert isinstance(server.next_output(), SendMessage)  # s0, sent again
+    if when == "during the replay":
+        for text in big:
+            server.send(text, 3.5)
+    assert len(server.data_to_send()) == 8  # the replay takes them, then it is over
+    assert server.stats.retransmitted == 1
+    server.send("s9", 4.0)
+    assert server.sole_output() is not None  # direct again
+    client.transport_closed(None, 5.0)  # cut again: the client got none of them
+    server.transport_closed(None, 5.0)
+    drain(client), drain(server)
+    # Charged for s0 alone, the budget covers sending all ten again at once.
+    assert server.replay_wait(0, 5.0) == 0.0
+
+
+def test_a_resuming_peers_count_is_released_once_not_walked_again_per_resume() -> None:
+    """replay_wait walked the messages the resuming peer said it had, on every resume: with a
+    server's buffer full of 25-byte AVP frames (671,089 of them) and a client that never
+    acknowledges, each resuming HELLO (superseding the one before while it waited) cost the
+    server ~160 ms of CPU. The count is an acknowledgement (the token was checked): it is released
+    at once, and the next resume at the same count has nothing to walk."""
+    state = ResumeState(10_000, 10_000, "t")
+    for _ in range(100):
+        state.on_sent((b"x" * 100,), 100)  # binary frames: the buffer is full
+    state.on_detached(direct=True)
+    assert state.replay_wait(50, 0.0) == 0.0  # 5,000 bytes to send again: the budget covers it
+    assert state.acked == 50 and state.retained_bytes == 5_000 and len(state.pending()) == 50
+    assert state.replay_wait(50, 0.0) == 0.0 and state.acked == 50
+    assert state.replay_wait(101, 0.0) == 0.0 and state.acked == 50  # a count the resume refuses
+    assert state.replay_wait(10, 0.0) == 0.0 and state.acked == 50  # behind what it acknowledged
+    state.replay(50, 0.0)
+    assert state.to_resend == 50 and state.next_replayed() == (b"x" * 100,)
