@@ -69,7 +69,10 @@ async def test_ping_flood_from_a_peer_that_never_reads_stays_bounded() -> None:
                     break  # the server stopped reading us: that is the point
             await asyncio.sleep(0.3)
             backlog = sessions[0]._protocol.output_backlog
-            assert backlog <= 128, f"{backlog} PONGs queued in memory"
+            # One queued PONG answers the PINGs after it. It was one PONG per PING of a read
+            # (up to ~10,000 per 1 MiB read before reading paused): when our writes were paused
+            # too, under load, this found more than 128 queued.
+            assert backlog <= 2, f"{backlog} PONGs queued in memory"
             ws.transport.abort()
             done.set()
 

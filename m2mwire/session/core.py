@@ -396,6 +396,7 @@ class SessionProtocol:
         self._direct = True
         self._resume_deadline: float | None = None
         self._resume_request: ResumeRequested | None = None  # server, fresh connection
+        self._queued_pong: Output | None = None  # our last PONG, while it may still be queued
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -1072,7 +1073,13 @@ class SessionProtocol:
         return self._deliver(message, now)
 
     def _on_ping(self, sid: str | None, _payload: Any, _now: float) -> None:
-        self._send_text(encode_message(MessageType.PONG, session_id=self._session_id or sid))
+        outputs = self._outputs
+        if not outputs or outputs[-1] is not self._queued_pong:
+            # A PONG answers every PING before it (it carries nothing of the PING's), so one
+            # still queued answers this one too: a peer flooding PINGs without reading queues
+            # one PONG, not one per PING of a read (up to ~10,000 of 1 MiB).
+            self._send_text(encode_message(MessageType.PONG, session_id=self._session_id or sid))
+            self._queued_pong = outputs[-1]
         if self.resume is not None and self.resume.ack_pending and self._live:
             self._send_ack()  # a quiet moment: release what the peer retains for us
 

@@ -609,6 +609,22 @@ def test_ping_answered_with_pong_in_order() -> None:
     assert pong["type"] == "PONG" and pong["session_id"] == s.session_id and pong["payload"] == {}
 
 
+def test_pings_while_our_pong_is_still_queued_are_answered_by_it() -> None:
+    """A peer flooding PINGs without reading made us queue a PONG per PING of a read (up to
+    ~10,000 in one 1 MiB read) before the shell could stop reading; a PONG answers every PING
+    before it, so one still queued answers the rest."""
+    c, s = pair()
+    ping = json.dumps({"type": "PING", "session_id": s.session_id, "payload": {}, "timestamp": 5})
+    for _ in range(1000):
+        s.receive_text(ping, 1.0)
+    assert s.output_backlog == 1
+    s.send("between", 1.5, algorithm=Algorithm.NONE)
+    s.receive_text(ping, 2.0)  # our PONG is no longer the last output: this one gets its own
+    assert [m["type"] for m in texts(s)] == ["PONG", "DATA", "PONG"]
+    s.receive_text(ping, 3.0)  # taken and written: the next PING gets a PONG again
+    assert [m["type"] for m in texts(s)] == ["PONG"]
+
+
 # -- close ----------------------------------------------------------------------------------------
 
 
