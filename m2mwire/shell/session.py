@@ -807,6 +807,11 @@ class Session:
         if self._protocol.state is not State.INITIAL or self._resumer is None:
             return
         self._resumer(event)
+        if self._handed_over:
+            # The resumed session has the connection now. A step here would arm this one's hello
+            # timer again, and the timer would keep it all (protocol, connection objects, ~35 KiB)
+            # alive for hello_timeout: memory a client resuming over and over could pile up.
+            return
         self._after_protocol_step()
         self._writer_wakeup.set()
 
