@@ -91,6 +91,8 @@ def new_token() -> str:
 
 def message_size(message: RetainedMessage) -> int:
     """Size of one message as both ends count it for acknowledgements (see the module docstring)."""
+    if type(message) is bytes:  # text DATA first: the per-message case
+        return len(message)
     if isinstance(message, ZstdMessage | BinaryTextMessage):
         return message.size
     if isinstance(message, bytes):
@@ -264,14 +266,7 @@ class ResumeState:
             return None
         message = self.retained[self._head + seq - self.acked - 1]
         self._replay_next = seq + 1
-        kind = type(message)  # text DATA first, as in on_ack: the per-message case
-        size = (
-            len(message)  # type: ignore[arg-type]
-            if kind is bytes
-            else message.size  # type: ignore[union-attr]
-            if kind is BinaryTextMessage
-            else message_size(message)  # type: ignore[arg-type]
-        )
+        size = message_size(message)  # type: ignore[arg-type]  # past _head: no None
         if seq > self.transmitted:  # its first time on a connection: what send() would cost
             self.transmitted = seq
             self._transmitted_bytes += size
