@@ -192,6 +192,29 @@ def test_unacknowledged_messages_are_excluded_past_one_window() -> None:
     assert not a.compress(b"message 40 " * 20)[0] & 2
 
 
+def test_a_count_includes_excluded_messages_and_only_kept_ones_enter_the_mirror() -> None:
+    """docs/CODECS.md section 8's example (a clean-room client got this wrong from the old text):
+    B sends b1, b2 (kept), b3, b4 (excluded); A's next message says count 4, and a frame A then
+    primes with its history holds b1 and b2, not b3 and b4: B decodes it with its mirror."""
+    window = MIN_WINDOW * 4
+    a, b = HistoryContext(window), HistoryContext(window)
+    big = [bytes([65 + i]) * (window // 2 - 100) for i in range(4)]  # two fit under the window, then none
+    flags = []
+    for text in big:
+        payload = b.compress(text)
+        flags.append(bool(payload[0] & 2))
+        assert a.decompress(payload, 1 << 20) == text
+    assert flags == [False, False, True, True]
+    quote = big[1][:700] + b" and that is all"  # quotes b2, which is in A's history
+    payload = a.compress(quote)
+    value, pos = _varint(payload, 0)
+    assert value >> 2 == 4  # every message B sent counts, excluded ones too
+    assert value & 1  # a new frame primed with A's history: b1 + b2 (+ nothing of b3, b4)
+    prefix_length, _ = _varint(payload, pos)
+    assert prefix_length == len(big[0]) + len(big[1])
+    assert b.decompress(payload, 1 << 20) == quote
+
+
 def test_history_keeps_the_last_bytes_of_the_concatenation() -> None:
     h = History(10)
     joined = b""
