@@ -397,6 +397,7 @@ class SessionProtocol:
         self._resume_deadline: float | None = None
         self._resume_request: ResumeRequested | None = None  # server, fresh connection
         self._queued_pong: Output | None = None  # our last PONG, while it may still be queued
+        self._agreed: Negotiated | None = None  # server with resume: what a resuming ACCEPT repeats
 
     # -- inputs ---------------------------------------------------------------------------------
 
@@ -1007,6 +1008,7 @@ class SessionProtocol:
             token = new_token()
             accept.resume = ResumeCaps(buffer=self.config.resume_buffer_bytes, token=token)
             self.resume = ResumeState(self.config.resume_buffer_bytes, hello.resume.buffer, token)
+            self._agreed = result
         self._send_text(encode_message(MessageType.ACCEPT, accept, session_id=self._session_id))
         self._establish(result, hello, now)
 
@@ -1188,7 +1190,10 @@ class SessionProtocol:
             )
         self.attached = self._live = True  # DATA goes out directly once the replay is over
         self._resume_deadline = None
-        accept = self._own_capabilities()
+        # The first ACCEPT's agreement again, not our offer: a resume negotiates nothing anew
+        # (PROTOCOL.md §9), and an ACCEPT always states the agreement (§2).
+        assert self._agreed is not None  # set with self.resume
+        accept = accept_capabilities(self._own_capabilities(), self._agreed)
         accept.resume = ResumeCaps(buffer=self.config.resume_buffer_bytes, received=self.resume.take_ack())
         self._send_text(encode_message(MessageType.ACCEPT, accept, session_id=self._session_id))
         self._replay(peer_received, now)

@@ -214,6 +214,42 @@ def resume_over_a_fresh_connection(
     server.attach(request.received, now)
 
 
+def _accept_payload(server: SessionProtocol, client: SessionProtocol, now: float) -> dict[str, Any]:
+    """The payload of the ACCEPT ``server`` sends, which ``client`` then receives."""
+    (out,) = [o for o in server.data_to_send() if isinstance(o, SendMessage)]
+    message = json.loads(out.message)
+    assert message["type"] == "ACCEPT"
+    receive(client, out, now)
+    payload: dict[str, Any] = message["payload"]
+    return payload
+
+
+def test_a_resuming_accept_repeats_the_agreement_not_the_servers_offer() -> None:
+    """A clean-room client found the resuming ACCEPT listing every algorithm and encoding the server
+    has (and binary_text, zstd the client never offered): an ACCEPT carries the agreement (§2), and
+    a resume negotiates nothing again (§9), so it repeats the first ACCEPT's, with its counts."""
+    client = SessionProtocol(Role.CLIENT, cfg(resume=True, algorithms=(Algorithm.NONE,), binary_text=False))
+    server = SessionProtocol(Role.SERVER, cfg())
+    client.initiate(0.0)
+    server.initiate(0.0)
+    deliver(client, server)
+    first = _accept_payload(server, client, 0.0)
+    assert first["compression"]["algorithms"] == ["none"] and "binary_text" not in first
+    client.transport_closed(None, 1.0)
+    server.transport_closed(None, 1.0)
+    resume_hello = SessionProtocol(Role.SERVER, cfg())
+    resume_hello.initiate(2.0)
+    client.begin_resume(2.0)
+    deliver(client, resume_hello)
+    (request,) = drain(resume_hello)
+    assert isinstance(request, ResumeRequested)
+    server.attach(request.received, 2.0)
+    again = _accept_payload(server, client, 2.0)
+    assert again.pop("resume") == {"buffer": server.config.resume_buffer_bytes, "received": 0}
+    assert first.pop("resume")["token"]
+    assert again == first
+
+
 def test_text_in_binary_form_is_retained_as_its_text_and_framed_again_on_resume() -> None:
     """Resume keeps a binary-form text message as its envelope line and the caller's str
     (BinaryTextMessage), not its frame; the retransmission is the same bytes, counted alike."""
