@@ -16,7 +16,7 @@ import pytest
 
 import m2mwire
 from m2mwire.api import Session
-from m2mwire.errors import SessionClosed, TransportError
+from m2mwire.errors import ConfigError, SessionClosed, TransportError
 from m2mwire.transport.nats import frames as f
 from m2mwire.transport.nats.channel import NatsChannel
 from m2mwire.transport.nats.local import LocalNatsServer, start_cluster
@@ -66,6 +66,25 @@ async def test_a_message_three_times_max_payload_is_chunked(nats_server: LocalNa
             assert nc.stats["out_msgs"] - before >= 4  # 3 MiB cannot go in fewer 1 MiB messages
             reply = await asyncio.wait_for(session.recv(), 30)
             assert reply.text == text
+
+
+@pytest.mark.parametrize(
+    ("option", "match"),
+    [
+        ({"nats_window": "big"}, "nats_window= must be"),
+        ({"nats_window": 2**70}, "nats_window= must be"),
+        ({"nats_max_half_open": 0}, "nats_max_half_open= must be"),
+    ],
+)
+async def test_bad_nats_numbers_are_config_errors_naming_the_option(
+    nats_server: LocalNatsServer, option: dict[str, object], match: str
+) -> None:
+    """serve() took nats_window="big" or 2**70 (a CREDIT limit is uint64) and failed only when a
+    client opened a session, and nats_max_half_open=0 raised a bare ValueError: each is now a
+    ConfigError at serve(), naming the keyword."""
+    with pytest.raises(ConfigError, match=match):
+        async with m2mwire.serve(echo, f"{nats_server.url}/cfg.{uuid.uuid4().hex}", **option):  # type: ignore[arg-type]
+            pass
 
 
 async def test_oversized_message_refused_before_buffering(nats_server: LocalNatsServer) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from m2mwire.transport.nats import frames as f
 from m2mwire.transport.nats.flow import DUPLICATE, GAP, OVER_CREDIT, TAKE, Receiver, Sender
@@ -64,6 +66,25 @@ def test_frames_round_trip() -> None:
     data = f.pack_close(f.CLOSE, 9, 1000, "bye ✓")
     assert data[0] == f.CLOSE and f.HEADER.unpack_from(data) == (f.CLOSE, 9)
     assert f.unpack_close(data) == (1000, "bye ✓")
+
+
+@given(max_payload=st.integers(100, 64 << 20), window=st.integers(f.MIN_WINDOW, 1 << 40))
+def test_a_chunk_fits_nats_max_payload_and_costs_at_most_a_quarter_of_the_peer_window(
+    max_payload: int, window: int
+) -> None:
+    """Credit is raised once a quarter of the window is consumed, so a chunk costing more could
+    wait for credit that never comes. The old sizing had a 256-byte floor: with a peer's window of
+    1,000 its chunks cost 337 (a clean-room client saw them), and with 300 no message could go."""
+    chunk = f.chunk_size(max_payload, window)
+    first = f.HEADER.size + f.TOTAL.size + chunk
+    assert chunk >= 1 and first <= max_payload and first + f.MESSAGE_COST <= window // 4
+
+
+def test_only_windows_a_chunk_fits_in_are_accepted() -> None:
+    assert f.window_error(f.MIN_WINDOW) is None and f.window_error(8 << 20) is None
+    assert f.window_error(2**64 - 1) is None
+    for bad in (0, -5, 100, 300, f.MIN_WINDOW - 1, 2**64, 2**70, "big", "8388608", 8.0e6, True, None):
+        assert f.window_error(bad) is not None, bad
 
 
 def test_nats_urls() -> None:

@@ -186,3 +186,118 @@ async def test_a_closed_worker_takes_no_new_session_on_its_own_subject(
             with pytest.raises(SessionRejected, match="shutting down"):
                 await m2mwire.connect(server.url, open_timeout=5)
             assert await round_trip(first, "still running") == "still running"
+
+
+@pytest.mark.parametrize(
+    ("body", "why"),
+    [
+        ({"window": 300}, "window must be an integer from 4096"),
+        ({"window": 2**70}, "window must be an integer from 4096"),
+        ({"window": "big"}, "window must be an integer from 4096"),
+        ({"v": 2}, "OPEN version 2 is not supported"),
+    ],
+)
+async def test_an_open_the_worker_cannot_serve_is_answered_with_why(
+    nats_server: LocalNatsServer, body: dict[str, object], why: str
+) -> None:
+    """A clean-room client's OPEN with a window of 100 or 300 got an OPEN_OK, then a channel that
+    could never send its ACCEPT (no chunk fitted the window); one with version 2 got silence until
+    its timeout. Such an OPEN is now answered at once with an error saying why, and no channel."""
+    async with m2mwire.serve(echo, service(nats_server)) as server:
+        attacker = await nats.connect(nats_server.url)
+        try:
+            request = {"v": 1, "subject": "atk.session", "window": 8 << 20, "peer": "attacker"} | body
+            reply = await attacker.request(
+                server.url.rsplit("/", 1)[1], json.dumps(request).encode(), timeout=5
+            )
+            answer = json.loads(reply.data)
+            assert set(answer) == {"v", "error"} and answer["error"].startswith(why)
+            listener = server._impl
+            assert isinstance(listener, nats_service.NatsListener) and not listener._half_open
+        finally:
+            await attacker.close()
+
+
+@pytest.mark.parametrize(
+    ("answer", "match"),
+    [
+        ({"v": 1, "subject": "atk.c2s", "window": 300, "worker": "atk.worker"}, "answered OPEN"),
+        ({"v": 1, "error": "window must be an integer from 4096 to 2**64 - 1"}, "refused the OPEN: window"),
+        ([1, 2], "malformed OPEN_OK"),
+    ],
+)
+async def test_a_client_refuses_an_open_ok_it_cannot_use(
+    nats_server: LocalNatsServer, answer: object, match: str
+) -> None:
+    """The client side: a window no chunk fits in is refused before the channel is used (the old
+    client took it and then waited for credit for good), and a worker's refusal is its error."""
+    responder = await nats.connect(nats_server.url)
+    url = service(nats_server)
+
+    async def respond(msg: nats.aio.msg.Msg) -> None:
+        await msg.respond(json.dumps(answer).encode())
+
+    try:
+        await responder.subscribe(url.rsplit("/", 1)[1], cb=respond)
+        await responder.flush()
+        with pytest.raises(TransportError, match=match):
+            await open_nats_channel(url, max_message_size=1 << 20, options={})
+    finally:
+        await responder.close()
+
+
+async def test_a_whole_message_inside_a_chunked_one_ends_the_channel(small_nats: LocalNatsServer) -> None:
+    """FIRST(A), TEXT(B), CONT(A): B was delivered before A, which the sender began first (a
+    clean-room client found it). The channel now ends (ABORT 1002) and delivers neither."""
+    channels: list[NatsChannel] = []
+    got: list[str | bytes] = []
+    done = asyncio.Event()
+
+    async def reader(channel: NatsChannel) -> None:
+        channels.append(channel)
+        try:
+            while True:
+                got.append(await channel.recv())
+        except TransportError:
+            done.set()
+
+    listener = await serve_nats(reader, service(small_nats), max_message_size=1 << 20, options={})
+    try:
+        attacker = await open_nats_channel(listener.url, max_message_size=1 << 20, options={})
+        body = b"a" * 100
+        frames = [
+            f.HEADER.pack(f.TEXT_FIRST, 1) + f.TOTAL.pack(2 * len(body)) + body,
+            f.HEADER.pack(f.TEXT, 2) + b"B",
+            f.HEADER.pack(f.CONT, 3) + body,
+        ]
+        for frame in frames:
+            await attacker._nc.publish(attacker._out, frame)
+        await attacker._nc.flush()
+        with pytest.raises(TransportError) as caught:
+            await asyncio.wait_for(attacker.recv(), 10)
+        assert caught.value.code == 1002 and "inside a chunked one" in str(caught.value)
+        await asyncio.wait_for(done.wait(), 10)
+        assert got == [] and channels[0].lost is not None and channels[0].lost.code == 1002
+        await attacker.close()
+    finally:
+        listener.close()
+        await listener.wait_closed()
+
+
+async def test_a_frame_too_short_is_named_in_protocol_terms(small_nats: LocalNatsServer) -> None:
+    """The ABORT's reason quoted Python's struct module ("unpack_from requires a buffer of at
+    least 9 bytes ..."); it now says which frame was short."""
+    listener = await serve_nats(
+        lambda channel: asyncio.sleep(5), service(small_nats), max_message_size=1 << 20, options={}
+    )
+    try:
+        attacker = await open_nats_channel(listener.url, max_message_size=1 << 20, options={})
+        await attacker._nc.publish(attacker._out, bytes((f.TEXT, 0, 0)))
+        with pytest.raises(TransportError) as caught:
+            await asyncio.wait_for(attacker.recv(), 10)
+        assert caught.value.code == 1002
+        assert "kind 1 with 3 bytes is too short" in str(caught.value) and "unpack" not in str(caught.value)
+        await attacker.close()
+    finally:
+        listener.close()
+        await listener.wait_closed()

@@ -154,8 +154,7 @@ class NatsChannel:
             raise ValueError(f"not a concrete NATS subject to publish to: {out_subject[:80]!r}")
         self._out = out_subject
         self._sender.limit = peer_window
-        payload_room = min(self._nc.max_payload, peer_window // 4)
-        self._chunk = max(256, payload_room - _FIRST_HEAD - f.MESSAGE_COST)
+        self._chunk = f.chunk_size(self._nc.max_payload, peer_window)
         if self._probe_interval > 0:
             self._probe_handle = self._loop.call_later(self._probe_interval, self._probe)
 
@@ -315,8 +314,8 @@ class NatsChannel:
                 return
             else:
                 raise ValueError(f"unknown frame kind {kind}")
-        except (ValueError, IndexError, struct.error) as exc:  # a frame too short: struct.error
-            self._protocol_error(f"malformed NATS frame from the peer: {exc}")
+        except (ValueError, IndexError, struct.error) as exc:
+            self._protocol_error(_malformed(kind, data, exc))
             return
         if verdict:
             if verdict == GAP:  # something before it was lost: ask for everything after our last
@@ -376,6 +375,9 @@ class NatsChannel:
         size = len(data)
         try:
             if kind == f.TEXT or kind == f.BINARY:
+                if self._parts is not None:
+                    # It would overtake the message being reassembled, which the sender began first.
+                    raise ValueError("a whole message arrived inside a chunked one")
                 self._deliver(memoryview(data)[_HEAD:], kind == f.TEXT)
             elif kind == f.TEXT_FIRST or kind == f.BINARY_FIRST:
                 total = f.TOTAL.unpack_from(data, _HEAD)[0]
@@ -417,7 +419,7 @@ class NatsChannel:
                 )
                 return
         except (ValueError, IndexError, struct.error) as exc:
-            self._protocol_error(f"malformed NATS frame from the peer: {exc}")
+            self._protocol_error(_malformed(kind, data, exc))
             return
         limit = self._receiver.consume(size + f.MESSAGE_COST)
         if limit is not None and self._out and self.lost is None:
@@ -700,3 +702,10 @@ def _body(message: OutgoingMessage, text: bool) -> tuple[memoryview, int, int]:
 
 
 _tasks: set[asyncio.Task[None]] = set()
+
+
+def _malformed(kind: int, data: bytes | bytearray, exc: Exception) -> str:
+    """Why a frame is refused, in the protocol's terms (struct's own wording names Python calls)."""
+    if isinstance(exc, struct.error):
+        return f"malformed NATS frame from the peer: kind {kind} with {len(data)} bytes is too short"
+    return f"malformed NATS frame from the peer: {exc}"

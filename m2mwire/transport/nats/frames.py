@@ -28,18 +28,22 @@ __all__ = [
     "CONT",
     "CREDIT",
     "HEADER",
+    "MAX_WINDOW",
     "MESSAGE_COST",
+    "MIN_WINDOW",
     "PROBE",
     "RESYNC",
     "SEQUENCED",
     "TAIL",
     "TEXT",
     "TEXT_FIRST",
+    "chunk_size",
     "pack_close",
     "pack_credit",
     "unpack_close",
     "unpack_credit",
     "unpack_tail",
+    "window_error",
 ]
 
 TEXT, BINARY, TEXT_FIRST, BINARY_FIRST, CONT, CLOSE = 1, 2, 3, 4, 5, 6
@@ -58,6 +62,13 @@ _CLOSE = struct.Struct("!BQH")
 # What a NATS message costs against the credit window besides its payload: a flood of tiny
 # messages is bounded too (nats-server's own protocol line is about this long).
 MESSAGE_COST = 64
+#: The smallest credit window an OPEN or OPEN_OK may announce. A sender keeps each NATS message's
+#: cost within a quarter of its peer's window (chunk_size), so that credit raised after a quarter
+#: is consumed always admits the next chunk; a window of a few hundred bytes left no room for any
+#: chunk, and a channel that could never send its HELLO (a clean-room client's window of 300).
+MIN_WINDOW = 4096
+#: CREDIT limits are uint64: a window past this could not be announced.
+MAX_WINDOW = 2**64 - 1
 
 
 def pack_credit(ack: int, limit: int, flags: int = 0, tail: int | None = None) -> bytes:
@@ -85,3 +96,19 @@ def pack_close(kind: int, seq: int, code: int, reason: str) -> bytes:
 def unpack_close(data: bytes | bytearray) -> tuple[int, str]:
     _, _, code = _CLOSE.unpack_from(data)
     return code, data[_CLOSE.size :].decode(errors="replace")
+
+
+def window_error(window: object) -> str | None:
+    """Why ``window`` (from an OPEN or OPEN_OK) is not a usable credit window; None when it is."""
+    if type(window) is not int or not MIN_WINDOW <= window <= MAX_WINDOW:
+        return f"window must be an integer from {MIN_WINDOW} to 2**64 - 1, not {window!r}"[:120]
+    return None
+
+
+def chunk_size(max_payload: int, peer_window: int) -> int:
+    """Bytes of a message per FIRST/CONT chunk: the FIRST frame (header + total + chunk) fits in
+    nats-server's ``max_payload``, and a chunk's cost (frame + MESSAGE_COST) is at most a quarter
+    of the peer's window (>= 943 bytes at MIN_WINDOW). At least 1, for a server whose max_payload
+    leaves no room at all (nothing larger than a chunk could be sent there anyway)."""
+    first_head = HEADER.size + TOTAL.size
+    return max(1, min(max_payload - first_head, peer_window // 4 - first_head - MESSAGE_COST))

@@ -27,7 +27,8 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
 from m2mwire.codecs.limits import MiB
-from m2mwire.errors import ResumeImpossible, TransportError
+from m2mwire.errors import ConfigError, ResumeImpossible, TransportError
+from m2mwire.transport.nats import frames as f
 from m2mwire.transport.nats.bus import Bus, acquire_bus, release_bus
 from m2mwire.transport.nats.channel import NatsChannel
 from m2mwire.transport.nats.options import parse_nats_url, valid_subject
@@ -56,9 +57,44 @@ _GONE_ANSWERS = 3
 _GONE_EVERY = 1.0
 
 
+def _configured_window(options: dict[str, Any]) -> int:
+    """``nats_window=``, checked (ConfigError names the option)."""
+    window = options.get("nats_window", DEFAULT_WINDOW)
+    if type(window) is not int or not 0 < window <= f.MAX_WINDOW:
+        raise ConfigError(
+            f"nats_window= must be a number of bytes (an int up to 2**64 - 1; values below "
+            f"{f.MIN_WINDOW} or 4 x the NATS server's max_payload are raised to that), not {window!r}"
+        )
+    return window
+
+
 def _window(bus: Bus, options: dict[str, Any]) -> int:
     # At least four NATS messages, so a full-size chunk always fits in a quarter of the window.
-    return max(int(options.get("nats_window", DEFAULT_WINDOW)), 4 * bus.nc.max_payload)
+    return min(max(_configured_window(options), 4 * bus.nc.max_payload, f.MIN_WINDOW), f.MAX_WINDOW)
+
+
+def _open_ok(reply: Msg, service: str) -> dict[str, Any]:
+    """The JSON object of a worker's answer to our OPEN; TransportError when it is none, or says
+    why the worker refused the OPEN."""
+    try:
+        answer = json.loads(reply.data)
+    except ValueError as exc:
+        raise TransportError(f"malformed OPEN_OK from the worker of {service!r}: {exc}") from exc
+    if not isinstance(answer, dict):
+        raise TransportError(f"malformed OPEN_OK from the worker of {service!r}: {answer!r}"[:300])
+    if "error" in answer:  # the worker read our OPEN and refused it, saying why
+        raise TransportError(f"the worker of {service!r} refused the OPEN: {answer['error']}"[:300])
+    return answer
+
+
+async def _respond(msg: Msg, answer: dict[str, Any], service: str) -> bool:
+    """Answer an OPEN; False when NATS would not take the answer (logged)."""
+    try:
+        await msg.respond(json.dumps(answer).encode())
+    except NatsError as exc:
+        log.info("could not answer OPEN on %s: %s", service, exc)
+        return False
+    return True
 
 
 def _probe_interval(options: dict[str, Any]) -> float:
@@ -137,19 +173,18 @@ async def open_nats_channel(
             reply = await _request_open(bus, target.subject, body, open_timeout, target.subject, servers)
         else:
             reply = await _request_resume_open(bus, resume_route, body, open_timeout, target.subject)
-        try:
-            answer = json.loads(reply.data)
-            subject, peer_window = str(answer["subject"]), int(answer["window"])
-        except (ValueError, KeyError, TypeError) as exc:
-            raise TransportError(f"malformed OPEN_OK from the worker of {target.subject!r}: {exc}") from exc
+        answer = _open_ok(reply, target.subject)
+        subject, peer_window = answer.get("subject"), answer.get("window")
         worker = answer.get("worker", resume_route)  # absent: a worker that cannot be reached again
         if (
             answer.get("v") != OPEN_VERSION
-            or peer_window <= 0
+            or not isinstance(subject, str)
             or not valid_subject(subject)
+            or not isinstance(peer_window, int)
+            or f.window_error(peer_window) is not None
             or (worker is not None and not valid_subject(worker))
         ):
-            raise TransportError(f"the worker of {target.subject!r} answered OPEN with {answer!r}")
+            raise TransportError(f"the worker of {target.subject!r} answered OPEN with {answer!r}"[:300])
         channel.connect_peer(subject, peer_window)
         channel.resume_route = worker
         channel.owns_bus = True
@@ -186,7 +221,8 @@ class NatsListener:
         self._half_open: dict[NatsChannel, None] = {}  # oldest first (see DEFAULT_MAX_HALF_OPEN)
         self._max_half_open = int(options.get("nats_max_half_open", DEFAULT_MAX_HALF_OPEN))
         if self._max_half_open < 1:
-            raise ValueError(f"nats_max_half_open= must be at least 1, not {self._max_half_open}")
+            raise ConfigError(f"nats_max_half_open= must be at least 1, not {self._max_half_open}")
+        _configured_window(options)  # a bad nats_window= fails here, not at every OPEN
         self.shed = 0  # half-open channels dropped to make room
         self._shed_logged_at = -_SHED_LOG_EVERY
 
@@ -232,13 +268,26 @@ class NatsListener:
             if len(msg.data) > _MAX_OPEN:
                 raise ValueError("too large")
             request = json.loads(msg.data)
-            subject, window = str(request["subject"]), int(request["window"])
-            # The subject is written into our NATS protocol lines: see valid_subject.
-            if request.get("v") != OPEN_VERSION or window <= 0 or not valid_subject(subject):
+            subject, window = str(request["subject"]), request["window"]
+            # The subject is written into our NATS protocol lines: see valid_subject. Such an
+            # OPEN gets no answer at all (nor does one that is not an OPEN).
+            if not valid_subject(subject):
                 raise ValueError(f"unsupported OPEN {request!r}"[:200])
         except (ValueError, KeyError, TypeError) as exc:
             log.info("malformed OPEN on %s: %s", self._target.subject, exc)
             return
+        # An OPEN we can read but not serve is told why, so its client fails at once with the
+        # reason instead of after open_timeout (a later version of the OPEN, a window no chunk fits).
+        why = (
+            f"OPEN version {request.get('v')!r} is not supported; this worker speaks {OPEN_VERSION}"[:120]
+            if request.get("v") != OPEN_VERSION
+            else f.window_error(window)
+        )
+        if why is not None:
+            log.info("refused OPEN on %s: %s", self._target.subject, why)
+            await _respond(msg, {"v": OPEN_VERSION, "error": why}, self._target.subject)
+            return
+        assert isinstance(window, int)  # window_error said so
         own_window = _window(bus, self._options)
         peer = str(request.get("peer", "nats-client"))[:64]
         if not peer.isprintable():  # it goes into logs as the session's remote address
@@ -259,10 +308,7 @@ class NatsListener:
             "window": own_window,
             "worker": self._prefix,  # where this client resumes the session (see _on_resume_open)
         }
-        try:
-            await msg.respond(json.dumps(answer).encode())
-        except NatsError as exc:
-            log.info("could not answer OPEN on %s: %s", self._target.subject, exc)
+        if not await _respond(msg, answer, self._target.subject):
             channel._unroute()
             return
         task = asyncio.create_task(self._run(channel), name="m2mwire-nats-session")
