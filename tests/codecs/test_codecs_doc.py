@@ -13,7 +13,7 @@ import pytest
 from m2mwire.codecs import Algorithm, Encoding, get_tokenizer, select_algorithm
 from m2mwire.codecs.dictionary import REFERENCE_PATTERNS, decode_dictionary
 from m2mwire.codecs.t1 import decode_t1, encode_t1
-from m2mwire.codecs.tokenizers import LLAMA3_PAT_STR
+from m2mwire.codecs.tokenizers import CL100K_PAT_STR, LLAMA3_PAT_STR, O200K_PAT_STR
 from m2mwire.errors import DecodeError
 
 DOCS = Path(__file__).resolve().parents[2] / "docs"
@@ -60,6 +60,9 @@ def test_multibyte_share_counts_continuation_bytes() -> None:
 def test_llama3_pattern_and_specials_as_documented() -> None:
     text = (DOCS / "CODECS.md").read_text()
     assert LLAMA3_PAT_STR in text
+    # and OpenAI's, written out for implementers who cannot download tiktoken's (a clean-room
+    # client found only their constant names here)
+    assert f"```\n{CL100K_PAT_STR}\n```" in text and f"```\n{O200K_PAT_STR}\n```" in text
     tokenizer = get_tokenizer(Encoding.LLAMA3)
     specials = {
         "<|begin_of_text|>": 128000,

@@ -126,6 +126,16 @@ def test_no_common_algorithm_refusal_names_both_sides() -> None:
     assert "dictionary" in result.message and "brotli" in result.message
 
 
+def test_an_empty_offer_is_not_told_as_the_algorithm_none() -> None:
+    """The refusal of ``algorithms: []`` said "client offered: none", which reads as the algorithm
+    ``none`` (a clean-room client's report)."""
+    result = negotiate_server(
+        hello([]), algorithms=(A.BROTLI,), encodings=(E.CL100K,), max_payload=0, identity=None
+    )
+    assert isinstance(result, Refusal) and result.code == "NO_COMMON_ALGORITHM"
+    assert "offered no algorithm" in result.message and "offered: none" not in result.message
+
+
 def test_unknown_algorithm_names_are_ignored_not_fatal() -> None:
     result = server(hello(["m2m", "m3", "tokennative"]), (A.TOKENNATIVE,), (E.CL100K,))
     assert result.algorithms == (A.TOKENNATIVE,)
