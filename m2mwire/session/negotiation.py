@@ -185,12 +185,11 @@ def negotiate_server(
     common = tuple(a for a in theirs if a in algorithms)
     if not common:
         offered = ", ".join(hello.compression.algorithms)
+        offer = f"client offered: {offered}" if offered else "the client offered no algorithm"
         ours = ", ".join(a.value for a in algorithms)
         return Refusal(
             RejectCode.NO_COMMON_ALGORITHM,
-            f"No common compression algorithm (client offered: {offered}; server supports: {ours})"
-            if offered
-            else f"No common compression algorithm (the client offered no algorithm; server supports: {ours})",
+            f"No common compression algorithm ({offer}; server supports: {ours})",
         )
     their_encodings = parse_encodings(hello.compression.encodings)
     encoding = _pick_encoding(_preferred(hello.compression.preferred_encoding), their_encodings, encodings)
