@@ -364,6 +364,7 @@ class SessionProtocol:
         self._missed_pongs = 0
         self._ping_sent_at: float | None = None
         self._closed_error: M2MError | None = None  # why we started closing, if not the app's close()
+        self._closing: tuple[str, str] = (SessionCode.NORMAL, "")  # the code and text of our CLOSE
         self._last_received = 0.0
         self._last_data = 0.0
         self._payload_limit = config.limits.max_message_bytes  # the negotiated max_payload, once known
@@ -842,7 +843,7 @@ class SessionProtocol:
                 self.acknowledge_close()
                 return
             err = SessionTimeout(f"CLOSE not acknowledged within {t.close_timeout:g} s (close_timeout)")
-            self._finish(Closed(SessionCode.NORMAL, str(err), by_peer=False, error=err), self._close_code)
+            self._finish(Closed(self._closing[0], str(err), by_peer=False, error=err), self._close_code)
             return
         if self.state is not State.ESTABLISHED or not self._live:
             return
@@ -1111,6 +1112,11 @@ class SessionProtocol:
             if isinstance(payload.message, str):
                 reason = _bounded(payload.message)
         if self.state is State.CLOSING:
+            # The session ends for the reason we closed it (SESSION_TIMEOUT, not the NORMAL of the
+            # peer's acknowledgement: PROTOCOL.md §4, the close reason is the session's code); after
+            # our NORMAL close, for the peer's, which may be a failure of its own crossing ours.
+            if self._closing[0] != SessionCode.NORMAL:
+                code, reason = self._closing
             self._finish(Closed(code, reason, by_peer=False, error=self._closed_error), self._close_code)
             return
         if self.state is _CLOSE_RECEIVED:  # a repeated CLOSE: the peer is in a hurry
@@ -1491,6 +1497,7 @@ class SessionProtocol:
         what the session ends with when we close for a cause (None for the application's close)."""
         self._finish_replay()
         self._send_close(code, message)
+        self._closing = (code, message)
         self.state = State.CLOSING
         self._close_deadline = now + self.config.timers.close_timeout
         self._pong_deadline = None

@@ -756,11 +756,17 @@ def test_session_timeout_when_no_data() -> None:
     assert c.state is State.CLOSING
     (close,) = texts(c)
     assert close["type"] == "CLOSE" and close["payload"]["reason"] == "SESSION_TIMEOUT"
+    ack = {"reason": "NORMAL", "message": "acknowledged"}
     c.receive_text(
-        json.dumps({"type": "CLOSE", "session_id": c.session_id, "payload": {}, "timestamp": 1}), 150.5
+        json.dumps({"type": "CLOSE", "session_id": c.session_id, "payload": ack, "timestamp": 1}), 150.5
     )
     closed = [e for e in drain(c) if isinstance(e, Closed)][0]
     assert isinstance(closed.error, SessionTimeout)
+    # the session ended for its own reason, not the acknowledgement's NORMAL (a clean-room QUIC
+    # client saw the connection close 1000 "NORMAL" and the server log "closed: NORMAL")
+    assert closed.code == "SESSION_TIMEOUT" and "session_timeout" in closed.reason
+    (end,) = [o for o in c.data_to_send() if isinstance(o, CloseTransport)]
+    assert (end.code, end.reason) == (1000, "SESSION_TIMEOUT")
 
 
 def test_message_object_json_helper() -> None:
