@@ -256,10 +256,14 @@ def decode_binary(
         else " (zstd frames only once zstd is negotiated)"
     )
     text_kind = ", 'T' (text, as negotiated)" if binary_text is not None else ""
+    # AVP's magic is two bytes: name both when the first is its 'A'
+    start = (
+        f"bytes 0x{first:02x} 0x{view[1]:02x}" if first == _AVP_FIRST and size > 1 else f"byte 0x{first:02x}"
+    )
     return Violation(
         SessionCode.MALFORMED_MESSAGE,
-        f"binary frame starts with byte 0x{first:02x}: expected 0x00-0x02 (TokenNative), "
-        f"'#' (M2M v1), 'A' (AVP){zstd_kind}{text_kind}",
+        f"binary frame starts with {start}: expected 0x00-0x02 (TokenNative), "
+        f"'#' (M2M v1), 'AV' (AVP, 41 56){zstd_kind}{text_kind}",
     )
 
 

@@ -232,6 +232,17 @@ def test_binary_frames_that_break_a_rule(data: bytes, code: SessionCode) -> None
     assert isinstance(violation, Violation) and violation.code is code
 
 
+@pytest.mark.parametrize("data", [b"AX\x01\x00" + bytes(8), b"A"])
+def test_an_a_without_avps_magic_is_told_as_such(data: bytes) -> None:
+    """'A' followed by anything but 'V' said "starts with byte 0x41: expected ... 'A' (AVP)", as if
+    0x41 were refused (a clean-room client's report): it names both bytes and AVP's magic now."""
+    violation = binary(data, mode="LATENT")
+    assert isinstance(violation, Violation) and violation.code is SessionCode.MALFORMED_MESSAGE
+    assert "'AV' (AVP, 41 56)" in violation.message and "'A' (AVP)" not in violation.message
+    if len(data) > 1:
+        assert "starts with bytes 0x41 0x58" in violation.message
+
+
 def test_avp_frame_needs_latent_mode() -> None:
     frame = avp.encode(np.zeros(4, dtype=np.float32))
     violation = binary(frame, mode="JSON")
