@@ -156,6 +156,29 @@ async def test_a_connection_that_sends_no_hello_is_closed(nats_server: LocalNats
             assert info.value.rcvd is not None and info.value.rcvd.code == 1008
 
 
+@pytest.mark.parametrize(
+    ("first", "reason"),
+    [(b"\x00\x01", "BINARY_BEFORE_ACCEPT"), ("not json", "MALFORMED_MESSAGE")],
+)
+async def test_a_violation_closes_through_the_gateway_as_a_direct_server_closes_it(
+    nats_server: LocalNatsServer, first: bytes | str, reason: str
+) -> None:
+    """A clean-room client got the worker's REJECT through the gateway, then a cut connection
+    (1006), where a direct server closes 1002 with the code as reason: the worker's channel CLOSE
+    carried 1002, which the gateway took for a failure and aborted on. A close frame from one side
+    now closes the other side with its code and reason."""
+    url = f"{nats_server.url}/test.{uuid.uuid4().hex}"
+    async with m2mwire.serve(echo, url), m2mwire.gateway("ws://127.0.0.1:0", url) as gw:
+        async with ws_connect(gw.url) as ws:
+            await ws.send(first)
+            reject = await asyncio.wait_for(ws.recv(), 10)
+            assert '"REJECT"' in str(reject) and reason in str(reject)
+            with pytest.raises(ConnectionClosed) as info:
+                await asyncio.wait_for(ws.recv(), 10)
+        assert info.value.rcvd is not None, "the connection was cut without a close frame"
+        assert (info.value.rcvd.code, info.value.rcvd.reason) == (1002, reason)
+
+
 # -- the gateway's memory of routes is bounded ----------------------------------------------------
 
 

@@ -211,6 +211,15 @@ async def _pipe_both(one: _Pipe, two: _Pipe, a: Channel, b: Channel) -> bool:
 _RELAY_QUEUE = 16  # messages taken from a push channel before it is paused
 
 
+def _sendable_close_code(code: int | None) -> bool:
+    """Whether ``code`` came in a peer's close frame and may go out in one: RFC 6455 section 7.4
+    reserves 1004-1006 and 1015 for reporting (1006 is how a lost connection is told), and 1000-2999
+    beyond the defined ones; 3000-4999 are applications'."""
+    return code is not None and (
+        (1000 <= code <= 1014 and code not in (1004, 1005, 1006)) or 3000 <= code <= 4999
+    )
+
+
 class _Pipe:
     """One direction of a relay: the messages of ``src`` in order, as (message, text), relayed as
     they came (a text message's UTF-8 is the endpoint's to check). Channels deliver from their
@@ -263,8 +272,10 @@ class _Pipe:
                     return False
             if self._ended:
                 end = self._ended[0]
-                # An orderly close stays orderly for the far peer, a lost connection is lost there too.
-                if end.clean:
+                # A close frame stays a close frame for the far peer, with its code and reason (a
+                # REJECT's 1002 as much as an orderly 1000: a client cannot tell the gateway from a
+                # direct server); a lost connection is lost there too.
+                if end.clean or _sendable_close_code(end.code):
                     await _close_quietly(dst, end.code or 1000, end.reason or "")
                 else:
                     dst.abort()
