@@ -5,8 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 import random
+import socket
 import string
 import sys
+import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -397,3 +399,19 @@ async def test_closing_after_the_nats_server_died_raises_nothing_and_leaves_noth
             break
         await asyncio.sleep(0.05)
     assert not left, f"nats-py subscription tasks left running: {left}"
+
+
+async def test_no_nats_server_fails_within_the_first_round_saying_so() -> None:
+    """With nothing listening, connect() waited silently for nats-py's 60 reconnect attempts per
+    server, 2 s apart (a CLI user saw nothing for minutes): the first connection now gets one
+    round over the servers, connect_timeout each, then a TransportError naming them."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again: nothing listens there
+    url = f"nats://127.0.0.1:{port}/nobody.home"
+    started = time.monotonic()
+    with pytest.raises(TransportError, match=f"could not connect to NATS at nats://127.0.0.1:{port}"):
+        async with asyncio.timeout(15):
+            async with m2mwire.connect(url, connect_timeout=0.5):
+                pass
+    assert time.monotonic() - started < 5

@@ -9,6 +9,7 @@ subscription's own queue and task); only status answers (no responders) take nat
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import secrets
 from collections.abc import Awaitable, Callable
@@ -29,6 +30,7 @@ log = logging.getLogger("m2mwire.nats")
 
 # Status line nats-server sends to a reply subject nobody listens on (no_responders).
 _NO_RESPONDERS = "503"
+_CONNECT_TIMEOUT = 2.0  # nats-py's own default connect_timeout, seconds per server and attempt
 _FLUSH_TIMEOUT = 2.0  # seconds a publish waits for nats-py to flush its full pending buffer
 
 
@@ -66,18 +68,29 @@ class Bus:
         # leaves that flush pending), and a channel's send with it. After the timeout the publish
         # returns (the bytes stay buffered, as on a reconnect; credit bounds them).
         kwargs.setdefault("flush_timeout", _FLUSH_TIMEOUT)
+        # nats-py retries a first connection as it retries a lost one (60 times per server, 2 s
+        # apart: two minutes of silence when no server runs). The first connection gets one
+        # round over the servers instead, connect_timeout each, and then fails saying why;
+        # reconnecting a connection that was up keeps nats-py's policy.
+        servers = list(target.servers)
+        first_round = float(kwargs.get("connect_timeout", _CONNECT_TIMEOUT)) * len(servers) + 1.0
         try:
-            await self.nc.connect(
-                servers=list(target.servers),
-                error_cb=self._on_error,
-                disconnected_cb=self._on_disconnected,
-                reconnected_cb=self._on_reconnected,
-                closed_cb=self._on_closed,
-                **kwargs,
-            )
+            async with asyncio.timeout(first_round):
+                await self.nc.connect(
+                    servers=servers,
+                    error_cb=self._on_error,
+                    disconnected_cb=self._on_disconnected,
+                    reconnected_cb=self._on_reconnected,
+                    closed_cb=self._on_closed,
+                    **kwargs,
+                )
         except (TimeoutError, OSError, NatsError) as exc:
+            cause = self.nc.last_error if isinstance(exc, TimeoutError) and self.nc.last_error else exc
+            with contextlib.suppress(NatsError, OSError, TimeoutError):
+                await self.nc.close()  # stops nats-py's own tasks of the attempt
             raise TransportError(
-                f"could not connect to NATS at {', '.join(target.servers)}: {exc or type(exc).__name__}"
+                f"could not connect to NATS at {', '.join(servers)} within {first_round:g} s (one try "
+                f"per server): {cause or type(cause).__name__}; is nats-server running there?"
             ) from exc
         self.reconnected.set()
         self.client_prefix = self.nc.new_inbox()
@@ -137,7 +150,8 @@ class Bus:
 
     async def _on_disconnected(self) -> None:
         self.reconnected.clear()
-        log.info("NATS connection lost; nats-py reconnects")
+        if self.client_prefix:  # set once connected: a failed first attempt has lost nothing
+            log.info("NATS connection lost; nats-py reconnects")
 
     async def _on_reconnected(self) -> None:
         self.reconnected.set()
