@@ -20,6 +20,7 @@ Every layer raises these, so this module is the bottom one: it imports nothing f
     +-- ModeError              e.g. an AVP frame sent on a session negotiated to JSON mode
     +-- TransportError         the underlying WebSocket/QUIC connection failed
     |   +-- ResumeImpossible   the server that held a session is gone: reconnecting cannot resume it
+    |   +-- ListenError        a server cannot listen on its URL (address in use, ...; also an OSError)
     +-- Reject                 raised by a server's on_hello check to refuse a client
     +-- UnsupportedDependency  an installed library (websockets, ...) is a version m2mwire was not
                                verified against (also an ImportError)
@@ -33,6 +34,7 @@ __all__ = [
     "DecodeError",
     "EncodeError",
     "LimitExceeded",
+    "ListenError",
     "M2MError",
     "ModeError",
     "ProtocolError",
@@ -143,6 +145,16 @@ class ResumeImpossible(TransportError):
     more), so no connection can resume the session. The reconnecting client stops at once and the
     session ends with ``SessionClosed(code="RESUME_UNKNOWN")`` carrying this message, rather than
     retrying until ``max_elapsed``."""
+
+
+class ListenError(TransportError, OSError):
+    """``serve()`` or ``gateway()`` could not listen on its URL: the address is in use, is not one
+    of this machine's, or the port needs privileges. Also an OSError (with its ``errno``), as Python
+    code expects of a failed bind."""
+
+    def __init__(self, message: str, *, errno: int | None = None) -> None:
+        super().__init__(message)
+        self.errno = errno
 
 
 # The REJECT codes a peer understands: the reference implementation's RejectionCode enum (a Rust

@@ -13,6 +13,7 @@ from collections.abc import Generator
 from types import TracebackType
 from typing import Any, Self
 
+from m2mwire.errors import ListenError
 from m2mwire.transport import registry
 from m2mwire.transport.base import ChannelHandler, Listener, TransportConfig
 from m2mwire.transport.registry import Endpoint
@@ -34,7 +35,14 @@ class Listening:
 
     async def _listen(self, handler: ChannelHandler, config: TransportConfig) -> None:
         listener = registry.listen(handler, self._endpoint, config)
-        await listener.start()
+        try:
+            await listener.start()
+        except OSError as exc:  # the bind: in use, not our address, a privileged port
+            raise ListenError(
+                f"cannot listen on {self._endpoint.url}: {exc.strerror or exc}; choose another port "
+                "(0 lets the system pick one) or host, or stop what already listens there",
+                errno=exc.errno,
+            ) from exc
         self._impl = listener
         self.port = listener.port
         self.fingerprint = listener.fingerprint

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import errno
+import socket
 from pathlib import Path
 
 import pytest
 
-from m2mwire import ConfigError, connect, serve
+import m2mwire
+from m2mwire import ConfigError, ListenError, connect, serve
 from m2mwire.api import Session
 from m2mwire.errors import TransportError
 from m2mwire.transport.tls import generate_self_signed
@@ -156,3 +159,21 @@ async def test_wss_hints_speak_python() -> None:
             await connect(secure.url, open_timeout=5)
         assert "not trusted (self-signed certificate)" in str(caught.value)
         assert "fingerprint=<sha256>" in str(caught.value) and "cafile=" in str(caught.value)
+
+
+@pytest.mark.parametrize("scheme", ["ws", "quic"])
+async def test_a_port_in_use_is_a_listen_error_naming_the_url(scheme: str) -> None:
+    """serve() on a port in use raised websockets'/asyncio's bare OSError (a CLI user got its
+    traceback); it is a ListenError now: an M2MError and still an OSError, naming the URL and the
+    way out."""
+    kind = socket.SOCK_STREAM if scheme == "ws" else socket.SOCK_DGRAM
+    with socket.socket(socket.AF_INET, kind) as taken:
+        taken.bind(("127.0.0.1", 0))
+        if kind == socket.SOCK_STREAM:
+            taken.listen()
+        url = f"{scheme}://127.0.0.1:{taken.getsockname()[1]}"
+        with pytest.raises(ListenError) as caught:
+            async with m2mwire.serve(lambda session: None, url, cert_dir=False):  # type: ignore[arg-type,return-value]
+                pass
+    assert isinstance(caught.value, OSError) and caught.value.errno == errno.EADDRINUSE
+    assert url in str(caught.value) and "choose another port" in str(caught.value)

@@ -150,7 +150,10 @@ def parse_url(url: str) -> Endpoint:
         raise ConfigError(f"the URL must be a str such as 'ws://127.0.0.1:8765', not {type(url).__name__}")
     if "://" not in url:
         raise ConfigError(f"URL {url!r} has no scheme: write ws://{url}, wss://{url} or quic://{url}")
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+    except ValueError as exc:  # urllib's "Invalid IPv6 URL" (an unclosed [), and the like
+        raise ConfigError(f"malformed URL {url!r}: {exc} (an IPv6 host is written [::1]:8765)") from None
     scheme = parts.scheme.lower()
     if scheme in ("http", "https") and scheme not in _REGISTRY:
         secure = scheme == "https"

@@ -71,3 +71,21 @@ def test_a_listener_url_brackets_an_ipv6_host() -> None:
 
     assert parse_url("ws://[::1]:0").with_port(8765) == "ws://[::1]:8765"
     assert parse_url("quic://127.0.0.1:0").with_port(4433) == "quic://127.0.0.1:4433"
+
+
+@pytest.mark.parametrize(
+    ("url", "match"),
+    [
+        ("quic://[::1", "malformed URL 'quic://\\[::1': Invalid IPv6 URL"),
+        ("ws://[::1:8765", "malformed URL"),
+        ("nats://host:notaport/agents.x", "bad port 'notaport'"),
+        ("nats://h1:4222,h2:99999/agents.x", "bad port '99999'"),
+    ],
+)
+def test_a_malformed_url_is_a_config_error_at_the_call(url: str, match: str) -> None:
+    """A CLI user got urllib's ValueError traceback for quic://[::1, and nats://host:notaport
+    failed only ~3 s later inside nats-py ("invalid connect url option"): both say what is wrong
+    at the call now."""
+    for call in (lambda: m2mwire.connect(url), lambda: m2mwire.serve(lambda session: None, url)):
+        with pytest.raises(ConfigError, match=match):
+            call()

@@ -91,6 +91,10 @@ def parse_nats_url(url: str, options: dict[str, Any] | None = None) -> NatsTarge
         raise ValueError(f"the service subject in {url!r} may not contain wildcards (* or >)")
     userinfo, _, hosts = parts.netloc.rpartition("@")
     prefix = f"{userinfo}@" if userinfo else ""
+    for host in hosts.split(","):
+        _, colon, port = host.rpartition(":")
+        if colon and "]" not in port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"bad port {port!r} in {url!r}: write nats://host:4222/{subject}")
     servers = [f"nats://{prefix}{host}" for host in hosts.split(",") if host] or ["nats://127.0.0.1:4222"]
     extra = (options or {}).get("servers")
     if extra:
