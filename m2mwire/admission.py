@@ -14,7 +14,7 @@ import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
-from m2mwire.errors import Reject
+from m2mwire.errors import ConfigError, Reject
 from m2mwire.schemas.identity import ModelIdentity
 from m2mwire.schemas.messages import Capabilities, LatentCaps
 
@@ -77,9 +77,9 @@ class Admission:
     ) -> None:
         for name, value in (("max_sessions", max_sessions), ("max_sessions_per_peer", max_sessions_per_peer)):
             if value is not None and (not isinstance(value, int) or value < 1):
-                raise ValueError(f"{name}= must be a positive int or None (no limit), not {value!r}")
+                raise ConfigError(f"{name}= must be a positive int or None (no limit), not {value!r}")
         if on_hello is not None and not callable(on_hello):
-            raise TypeError(f"on_hello= takes a function of one Hello argument, not {on_hello!r}")
+            raise ConfigError(f"on_hello= takes a function of one Hello argument, not {on_hello!r}")
         self.on_hello = on_hello
         self.max_sessions = max_sessions
         self.max_sessions_per_peer = max_sessions_per_peer

@@ -14,7 +14,7 @@ from websockets.asyncio.server import ServerConnection
 
 import m2mwire
 from m2mwire.api import Session, connect
-from m2mwire.errors import Reject, SessionRejected
+from m2mwire.errors import ConfigError, Reject, SessionRejected
 from tests.test_api import (
     client_opts,
     running,
@@ -106,9 +106,11 @@ async def test_token_goes_in_the_websocket_upgrade_too() -> None:
 
 
 def test_bad_options_are_refused_at_the_call() -> None:
-    with pytest.raises(ValueError, match="max_sessions"):
+    with pytest.raises(ConfigError, match="max_sessions"):
         m2mwire.serve(hold, "ws://127.0.0.1:0", max_sessions=0)
-    with pytest.raises(TypeError, match="token= is a connect"):
+    with pytest.raises(ConfigError, match="token= is a connect"):
         m2mwire.serve(hold, "ws://127.0.0.1:0", token="x")
+    with pytest.raises(ConfigError, match="on_hello= takes a function"):
+        m2mwire.serve(hold, "ws://127.0.0.1:0", on_hello=5)
     with pytest.raises(ValueError, match="SECURITY_POLICY"):
         Reject("NOPE", "not a code peers know")

@@ -93,6 +93,18 @@ def test_optimize_is_checked_at_the_call_not_the_first_send() -> None:
         ({"timers": 5}, "timers= takes a Timers or a dict"),
         ({"max_payload": -1}, "max_payload= takes a number of bytes"),
         ({"open_timeout": 0}, "open_timeout= takes a number of seconds above 0"),
+        # From a CLI review: each of these was a bare TypeError / AttributeError / EncodeError, or
+        # was taken and failed later (on the wire, or at the first send).
+        ({"timers": {"max_missed_pongs": 1.5}}, "timer max_missed_pongs takes a whole count above 0"),
+        ({"timers": {"ping_interval": float("nan")}}, "timer ping_interval takes a number above 0"),
+        ({"algorithms": ["nope"]}, "algorithms=: unknown compression algorithm 'nope'"),
+        ({"algorithms": ["zlib"]}, "algorithms=: zlib"),
+        ({"encodings": ["x"]}, "encodings=: unknown tokenizer encoding 'x'"),
+        ({"zstd": {"bogus": 1}}, "zstd= takes a ZstdOptions or a dict of its fields (window, level"),
+        ({"zstd": "yes"}, "zstd= takes a ZstdOptions or a dict of its fields, not 'yes'"),
+        ({"zstd": {"level": 99}}, "zstd level=99: must be 1..19"),
+        ({"agent_id": 5}, "agent_id= takes a str, not 5"),
+        ({"token_stats": "yes"}, "token_stats= takes True or False"),
     ],
 )
 def test_bad_values_are_named(options: dict[str, object], says: str) -> None:
@@ -177,3 +189,14 @@ async def test_a_port_in_use_is_a_listen_error_naming_the_url(scheme: str) -> No
                 pass
     assert isinstance(caught.value, OSError) and caught.value.errno == errno.EADDRINUSE
     assert url in str(caught.value) and "choose another port" in str(caught.value)
+
+
+def test_bad_tls_and_gateway_values_are_config_errors() -> None:
+    """fingerprint=5 raised AttributeError ('int' object has no attribute 'strip'), and a
+    gateway's resume_window="x" a ValueError from float(); NaN went through."""
+    with pytest.raises(ConfigError, match="fingerprint= takes the server's SHA-256"):
+        connect("wss://127.0.0.1:1", fingerprint=5)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match="gateway resume_window= takes a number >= 0, not 'x'"):
+        m2mwire.gateway("ws://127.0.0.1:0", "nats://127.0.0.1:4222/x", resume_window="x")
+    with pytest.raises(ConfigError, match="gateway hello_timeout= takes a number > 0, not nan"):
+        m2mwire.gateway("ws://127.0.0.1:0", "nats://127.0.0.1:4222/x", hello_timeout=float("nan"))

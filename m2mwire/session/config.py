@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import math
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -71,11 +72,11 @@ class ZstdOptions:
 
     def __post_init__(self) -> None:
         if not MIN_WINDOW <= self.window <= MAX_WINDOW or self.window & (self.window - 1):
-            raise EncodeError(
+            raise ConfigError(
                 f"zstd window={self.window}: must be a power of two from {MIN_WINDOW} to {MAX_WINDOW} bytes"
             )
         if not 1 <= self.level <= 19:
-            raise EncodeError(f"zstd level={self.level}: must be 1..19")
+            raise ConfigError(f"zstd level={self.level}: must be 1..19")
         dictionaries = tuple(
             d if isinstance(d, ZstdDictionary) else ZstdDictionary(d) for d in self.dictionaries
         )
@@ -163,16 +164,24 @@ def make_config(options: dict[str, Any]) -> SessionConfig:
         )
     opts = dict(options)
     if "algorithms" in opts:
-        algs = tuple(resolve_algorithm(a) for a in _as_iter(opts["algorithms"]))
+        algs = _resolved("algorithms", resolve_algorithm, opts["algorithms"])
         if not algs:
-            raise EncodeError("algorithms must name at least one algorithm")
+            raise ConfigError("algorithms= must name at least one algorithm")
         if Algorithm.ZLIB in algs:
-            raise EncodeError("zlib (#M2M[v2.0]) is deprecated: it is decoded but never offered")
+            raise ConfigError("algorithms=: zlib (#M2M[v2.0]) is deprecated: it is decoded but never offered")
         opts["algorithms"] = algs
     if "encodings" in opts:
-        opts["encodings"] = tuple(resolve_encoding(e) for e in _as_iter(opts["encodings"]))
+        opts["encodings"] = _resolved("encodings", resolve_encoding, opts["encodings"])
     if opts.get("preferred_encoding") is not None:
-        opts["preferred_encoding"] = resolve_encoding(opts["preferred_encoding"])
+        (opts["preferred_encoding"],) = _resolved(
+            "preferred_encoding", resolve_encoding, opts["preferred_encoding"]
+        )
+    for name in ("agent_id", "agent_type"):
+        if name in opts and not isinstance(opts[name], str):
+            raise ConfigError(f"{name}= takes a str, not {opts[name]!r}")
+    for name in ("token_stats",):
+        if name in opts and not isinstance(opts[name], bool):
+            raise ConfigError(f"{name}= takes True or False, not {opts[name]!r}")
     if opts.get("optimize", "bytes") not in ("bytes", "tokens"):
         # Checked here rather than at the first send(), where it used to fail.
         raise ConfigError(f"optimize= takes 'bytes' or 'tokens', not {opts['optimize']!r}")
@@ -188,8 +197,14 @@ def make_config(options: dict[str, Any]) -> SessionConfig:
         value = getattr(timers or Timers(), name)
         if name == "session_timeout" and value is None:
             continue  # no idle close
-        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
-            raise ConfigError(f"timer {name} takes a number above 0 (seconds, or a count), not {value!r}")
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int if name == "max_missed_pongs" else int | float)
+            or not math.isfinite(value)
+            or value <= 0
+        ):
+            what = "a whole count above 0" if name == "max_missed_pongs" else "a number above 0 (seconds)"
+            raise ConfigError(f"timer {name} takes {what}, not {value!r}")
     window = opts.get("resume_window", 60.0)
     if isinstance(window, bool) or not isinstance(window, int | float) or window < 0:
         raise ConfigError(f"resume_window= takes seconds (0 turns resume off), not {window!r}")
@@ -206,13 +221,28 @@ def make_config(options: dict[str, Any]) -> SessionConfig:
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{name}= takes a number above 0, not {value!r}")
     if isinstance(opts.get("zstd"), dict):
-        opts["zstd"] = ZstdOptions(**opts["zstd"])
+        try:
+            opts["zstd"] = ZstdOptions(**opts["zstd"])
+        except TypeError as exc:  # an unknown key
+            keys = ", ".join(ZstdOptions.__dataclass_fields__)
+            raise ConfigError(f"zstd= takes a ZstdOptions or a dict of its fields ({keys}): {exc}") from None
+    elif "zstd" in opts and not isinstance(opts["zstd"], ZstdOptions):
+        raise ConfigError(f"zstd= takes a ZstdOptions or a dict of its fields, not {opts['zstd']!r}")
     config = SessionConfig(**opts)
     if config.preferred_encoding is not None and config.preferred_encoding not in config.resolved_encodings():
-        raise EncodeError(
-            f"preferred_encoding {config.preferred_encoding.value} is not among the encodings offered"
+        raise ConfigError(
+            f"preferred_encoding= {config.preferred_encoding.value} is not among the encodings offered"
         )
     return config
+
+
+def _resolved(name: str, resolve: Callable[[Any], Any], value: Any) -> tuple[Any, ...]:
+    """Each name of ``value`` (a str or an iterable of them) resolved; ConfigError naming the
+    keyword (the resolvers' EncodeError says which names exist)."""
+    try:
+        return tuple(resolve(v) for v in _as_iter(value))
+    except (EncodeError, TypeError) as exc:
+        raise ConfigError(f"{name}=: {exc}") from None
 
 
 def _as_iter(value: Any) -> Iterable[Any]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -90,14 +91,12 @@ class Gateway(Listening):
         self._options = options
         self._nats_options = {k: v for k, v in options.items() if k in NATS_OPTIONS}
         # The largest message relayed; a session negotiating more than this cannot pass.
-        self._max = int(options.get("max_payload", 16 * MiB))
-        self._open_timeout = float(options.get("open_timeout", 10.0))
+        self._max = _number(options, "max_payload", 16 * MiB, 1, int)
+        self._open_timeout = _number(options, "open_timeout", 10.0, 0.0, float)
         # The gateway opens the NATS channel once it has the client's HELLO (it decides where the
         # channel goes), so it bounds the wait for it itself, as a server does.
-        self._hello_timeout = float(options.get("hello_timeout", Timers().hello_timeout))
-        window = float(options.get("resume_window", DEFAULT_RESUME_WINDOW))
-        if window < 0 or self._hello_timeout <= 0:
-            raise ConfigError("gateway resume_window= must be >= 0 and hello_timeout= > 0 (seconds)")
+        self._hello_timeout = _number(options, "hello_timeout", Timers().hello_timeout, 0.0, float)
+        window = _number(options, "resume_window", DEFAULT_RESUME_WINDOW, 0.0, float, allow_min=True)
         self.routes = ResumeRoutes(window)
         self._relays: set[asyncio.Task[None]] = set()
 
@@ -183,6 +182,21 @@ class Gateway(Listening):
             await asyncio.wait(list(self._relays), timeout=5)
         self.close()
         await self.wait_closed()
+
+
+def _number(
+    options: dict[str, Any], name: str, default: float, low: float, kind: type, *, allow_min: bool = False
+) -> Any:
+    """``options[name]`` as ``kind``, above ``low`` (or equal with ``allow_min``); ConfigError
+    naming the keyword otherwise (a str or NaN once went through float() into the arithmetic)."""
+    value = options.get(name, default)
+    ok = not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+    if kind is int:
+        ok = ok and isinstance(value, int)
+    if not ok or not (value >= low if allow_min else value > low):
+        bound = f">= {low:g}" if allow_min else f"> {low:g}"
+        raise ConfigError(f"gateway {name}= takes a number {bound}, not {value!r}")
+    return kind(value)
 
 
 async def _close_quietly(channel: Channel, code: int, reason: str) -> None:

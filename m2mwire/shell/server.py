@@ -15,7 +15,7 @@ from typing import Any, Unpack
 
 from m2mwire import tracing
 from m2mwire.admission import Admission
-from m2mwire.errors import M2MError, SessionRejected
+from m2mwire.errors import ConfigError, M2MError, SessionRejected
 from m2mwire.lifecycle import Listening
 from m2mwire.options import ServeOptions, parse_url, split_options
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT
@@ -43,7 +43,7 @@ class Server(Listening):
         super().__init__(parse_url(url))
         options = dict(options)
         if "token" in options:
-            raise TypeError(
+            raise ConfigError(
                 "token= is a connect() option (the client's credential); serve() checks it with on_hello="
             )
         self._admission = Admission(

@@ -63,6 +63,8 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 
 def normalize_fingerprint(fingerprint: str) -> str:
     """``"AB:CD:..."`` or ``"abcd..."`` -> ``"abcd..."``; ValueError unless it is a SHA-256 digest."""
+    if not isinstance(fingerprint, str):
+        raise ConfigError(f"fingerprint= takes the server's SHA-256 as 64 hex digits, not {fingerprint!r}")
     value = fingerprint.strip().replace(":", "").lower()
     if not _HEX64.fullmatch(value):
         raise ValueError(
