@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import logging
+import math
 import re
 import sys
 from pathlib import Path
@@ -45,6 +46,7 @@ _FLAGS = {
     "agent_id": "--agent-id",
     "timers": "--timer",
     "optimize": "--optimize",
+    "resume_window": "--resume-window",
 }
 # "name=True" and "name=" at the end of a word become the bare flag; "name=value" becomes "flag value".
 _OPTION_IN_TEXT = re.compile(r"\b(" + "|".join(_FLAGS) + r")=(True\b|(?=[\s,.;:)]|$))?")
@@ -70,6 +72,18 @@ def _check_flags(call: Call, url: str, given: dict[str, Any]) -> None:
             raise UsageError(
                 f"{_FLAGS[name]} does not apply to a {scheme}:// URL, only to {' and '.join(where)}"
             )
+
+
+def _seconds(text: str) -> float:
+    """An argparse type: a finite number of seconds above 0 (argparse names the flag on error;
+    --timeout -1 used to send the message and then give up on the reply at once)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"takes a number of seconds, not {text!r}") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"takes a number of seconds above 0, not {text!r}")
+    return value
 
 
 class UsageError(Exception):
@@ -456,7 +470,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--insecure", action="store_true", help="DO NOT verify the server certificate (local testing)"
     )
-    p.add_argument("--timeout", type=float, default=30.0, help="seconds to wait for the reply")
+    p.add_argument("--timeout", type=_seconds, default=30.0, help="seconds to wait for the reply")
 
     p = sub.add_parser("compress", help="print the wire form of some content")
     p.add_argument("content", help="the content, or - for standard input")

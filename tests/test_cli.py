@@ -187,6 +187,48 @@ def test_send_flags_that_do_not_apply(args: list[str], says: str) -> None:
     assert_clean_failure(m2mwire("send", "ws://127.0.0.1:1", "hi", *args), 2, says)
 
 
+@pytest.mark.parametrize(
+    ("args", "code", "says"),
+    [
+        # a traceback from urllib's ValueError
+        (["send", "quic://[::1", "hi"], 2, "malformed URL 'quic://[::1': Invalid IPv6 URL"),
+        # a Python keyword in a command line's message
+        (
+            ["gateway", "ws://127.0.0.1:0", "nats://127.0.0.1:4222/x", "--resume-window", "-1"],
+            2,
+            "gateway --resume-window takes a number >= 0",
+        ),
+        (
+            ["serve", "ws://127.0.0.1:0", "--algorithms", "nope"],
+            2,
+            "--algorithms: unknown compression algorithm",
+        ),
+    ],
+)
+def test_mistakes_found_by_a_cli_review_are_one_line_in_the_flags_terms(
+    args: list[str], code: int, says: str
+) -> None:
+    assert_clean_failure(m2mwire(*args), code, says)
+
+
+@pytest.mark.parametrize("value", ["-1", "0", "nan"])
+def test_send_timeout_takes_seconds_above_0(value: str) -> None:
+    """--timeout -1 sent the message, then gave up on the reply at once; nan was taken."""
+    done = m2mwire("send", "ws://127.0.0.1:1", "hi", "--timeout", value)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "argument --timeout: takes a number of seconds above 0" in done.stderr.splitlines()[-1]
+
+
+def test_a_port_in_use_is_one_line_not_a_traceback() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        url = f"ws://127.0.0.1:{taken.getsockname()[1]}"
+        assert_clean_failure(
+            m2mwire("serve", url), 1, f"ListenError: cannot listen on {url}", "choose another port"
+        )
+
+
 def test_malformed_fingerprint() -> None:
     done = m2mwire("send", "quic://127.0.0.1:1", "hi", "--fingerprint", "12:34")
     assert_clean_failure(done, 2, "fingerprint '12:34' is not a SHA-256 digest")
