@@ -175,15 +175,24 @@ def _serve_options(args: argparse.Namespace) -> dict[str, Any]:
                 f"model_family, model_id, model_hash, hidden_dim, ...): {exc}"
             ) from None
     if args.timer:
-        timers: dict[str, float] = {}
+        timers: dict[str, float | int | None] = {}
         for item in args.timer:
             name, sep, value = item.partition("=")
+            name = name.strip()
             try:
-                timers[name.strip()] = float(value)
+                if name == "max_missed_pongs":  # a count
+                    timers[name] = int(value)
+                elif name == "session_timeout" and value.strip().lower() == "none":  # never
+                    timers[name] = None
+                else:
+                    timers[name] = float(value)
             except ValueError:
                 sep = ""
             if not sep:
-                raise UsageError(f"--timer {item!r}: write NAME=SECONDS, e.g. --timer ping_interval=20")
+                raise UsageError(
+                    f"--timer {item!r}: write NAME=SECONDS (max_missed_pongs=COUNT, session_timeout=none "
+                    "for never), e.g. --timer ping_interval=20"
+                )
         options["timers"] = timers
     return options
 
@@ -433,7 +442,7 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         metavar="NAME=SECONDS",
         help="a session timer, repeatable: hello_timeout, ping_interval, pong_timeout, max_missed_pongs "
-        "(a count), close_timeout, session_timeout",
+        "(a count), close_timeout, session_timeout (none: never), write_timeout",
     )
     p.add_argument(
         "--log-level",

@@ -219,6 +219,20 @@ def test_send_timeout_takes_seconds_above_0(value: str) -> None:
     assert "argument --timeout: takes a number of seconds above 0" in done.stderr.splitlines()[-1]
 
 
+def test_timer_flags_take_a_count_and_none_where_the_keywords_do() -> None:
+    """max_missed_pongs is a count (1.5 is refused, as timers= refuses it) and session_timeout=none
+    means never, as session_timeout=None does in Python; write_timeout is listed in --help."""
+    from m2mwire.cli import _parser, _serve_options
+
+    parser = _parser()
+    args = parser.parse_args(
+        ["serve", "ws://127.0.0.1:0", "--timer", "max_missed_pongs=3", "--timer", "session_timeout=none"]
+    )
+    assert _serve_options(args)["timers"] == {"max_missed_pongs": 3, "session_timeout": None}
+    assert_clean_failure(m2mwire("serve", "ws://127.0.0.1:0", "--timer", "max_missed_pongs=1.5"), 2, "COUNT")
+    assert "write_timeout" in m2mwire("serve", "--help").stdout
+
+
 def test_a_port_in_use_is_one_line_not_a_traceback() -> None:
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
