@@ -244,3 +244,15 @@ def test_gateway_options_are_checked() -> None:
         m2mwire.gateway(nats, nats)
     with pytest.raises(m2mwire.ConfigError, match="nats:// service"):
         m2mwire.gateway("ws://127.0.0.1:0", "ws://127.0.0.1:1")
+
+
+def test_gateway_options_apply_to_the_listening_scheme_as_serves_do() -> None:
+    """gateway() took certfile= on ws:// without a word (serve() refuses it) and nats_window="big"
+    until the first relay: both are ConfigErrors at the call now (a CLI review found them)."""
+    nats = "nats://127.0.0.1:4222/x"
+    with pytest.raises(m2mwire.ConfigError, match="certfile= does not apply to a gateway listening on ws://"):
+        m2mwire.gateway("ws://127.0.0.1:0", nats, certfile="cert.pem")
+    with pytest.raises(m2mwire.ConfigError, match="nats_window= must be a number of bytes"):
+        m2mwire.gateway("ws://127.0.0.1:0", nats, nats_window="big")
+    m2mwire.gateway("ws://127.0.0.1:0", nats, certfile=None)  # None counts as left out
+    m2mwire.gateway("wss://127.0.0.1:0", nats, cert_dir=False)

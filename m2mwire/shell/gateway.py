@@ -27,7 +27,7 @@ from typing import Any
 from m2mwire.codecs.limits import MiB
 from m2mwire.errors import ConfigError, M2MError, ResumeImpossible, TransportError
 from m2mwire.lifecycle import Listening
-from m2mwire.options import parse_url
+from m2mwire.options import parse_url, valid_options
 from m2mwire.schemas.messages import Capabilities, Decoded, MessageType, ResumeCaps, decode_message
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, Timers
 from m2mwire.shell.resume_routes import DEFAULT_RESUME_WINDOW, ResumeRoutes
@@ -87,9 +87,19 @@ class Gateway(Listening):
             raise ConfigError(f"a gateway listens on ws://, wss:// or quic://, not {listen_url!r}")
         if parse_url(nats_url).scheme != "nats":
             raise ConfigError(f"a gateway carries sessions to a nats:// service, not {nats_url!r}")
+        # The listening side's options must apply to its scheme, as serve() requires (certfile= on
+        # ws:// was taken without a word); None counts as left out, as there.
+        scheme = self._endpoint.scheme
+        takes = set(valid_options("serve", scheme))
+        for name in sorted(_TRANSPORT_OPTIONS & options.keys()):
+            if options[name] is not None and name not in takes:
+                raise ConfigError(f"{name}= does not apply to a gateway listening on {scheme}://")
         self.nats_url = nats_url
         self._options = options
         self._nats_options = {k: v for k, v in options.items() if k in NATS_OPTIONS}
+        from m2mwire.transport.nats.service import check_nats_window
+
+        check_nats_window(self._nats_options)  # at the call, not at every relay
         # The largest message relayed; a session negotiating more than this cannot pass.
         self._max = _number(options, "max_payload", 16 * MiB, 1, int)
         self._open_timeout = _number(options, "open_timeout", 10.0, 0.0, float)

@@ -33,7 +33,7 @@ from m2mwire.transport.nats.bus import Bus, acquire_bus, release_bus
 from m2mwire.transport.nats.channel import NatsChannel
 from m2mwire.transport.nats.options import parse_nats_url, valid_subject
 
-__all__ = ["NatsListener", "open_nats_channel", "serve_nats"]
+__all__ = ["NatsListener", "check_nats_window", "open_nats_channel", "serve_nats"]
 
 log = logging.getLogger("m2mwire.nats")
 
@@ -57,7 +57,7 @@ _GONE_ANSWERS = 3
 _GONE_EVERY = 1.0
 
 
-def _configured_window(options: dict[str, Any]) -> int:
+def check_nats_window(options: dict[str, Any]) -> int:
     """``nats_window=``, checked (ConfigError names the option)."""
     window = options.get("nats_window", DEFAULT_WINDOW)
     if type(window) is not int or not 0 < window <= f.MAX_WINDOW:
@@ -70,7 +70,7 @@ def _configured_window(options: dict[str, Any]) -> int:
 
 def _window(bus: Bus, options: dict[str, Any]) -> int:
     # At least four NATS messages, so a full-size chunk always fits in a quarter of the window.
-    return min(max(_configured_window(options), 4 * bus.nc.max_payload, f.MIN_WINDOW), f.MAX_WINDOW)
+    return min(max(check_nats_window(options), 4 * bus.nc.max_payload, f.MIN_WINDOW), f.MAX_WINDOW)
 
 
 def _open_ok(reply: Msg, service: str) -> dict[str, Any]:
@@ -222,7 +222,7 @@ class NatsListener:
         self._max_half_open = int(options.get("nats_max_half_open", DEFAULT_MAX_HALF_OPEN))
         if self._max_half_open < 1:
             raise ConfigError(f"nats_max_half_open= must be at least 1, not {self._max_half_open}")
-        _configured_window(options)  # a bad nats_window= fails here, not at every OPEN
+        check_nats_window(options)  # a bad nats_window= fails here, not at every OPEN
         self.shed = 0  # half-open channels dropped to make room
         self._shed_logged_at = -_SHED_LOG_EVERY
 
