@@ -415,3 +415,25 @@ async def test_no_nats_server_fails_within_the_first_round_saying_so() -> None:
             async with m2mwire.connect(url, connect_timeout=0.5):
                 pass
     assert time.monotonic() - started < 5
+
+
+async def test_a_worker_and_a_client_authenticate_with_nkeys(tmp_path: Path) -> None:
+    """docs/PROTOCOL.md recommends NKey/JWT credentials, but the nats extra did not install nkeys:
+    credentials= and nkeys_seed= failed with ModuleNotFoundError (a CLI review found it). A real
+    nats-server that admits one user NKey: the worker and the client that hold its seed get a
+    session; a client without it is refused by nats-server."""
+    import nkeys
+
+    seed = nkeys.encode_seed(os.urandom(32), nkeys.PREFIX_BYTE_USER)
+    public = nkeys.from_seed(bytearray(seed)).public_key.decode()
+    (tmp_path / "user.nk").write_bytes(seed)
+    auth = f'authorization {{ users = [ {{ nkey: "{public}" }} ] }}'
+    with LocalNatsServer(config=(auth,)) as server:
+        url = f"{server.url}/nk.{uuid.uuid4().hex}"
+        key = {"nkeys_seed": str(tmp_path / "user.nk")}
+        async with m2mwire.serve(echo, url, **key), m2mwire.connect(url, **key) as session:
+            await session.send("signed in", algorithm="none")
+            assert (await asyncio.wait_for(session.recv(), 10)).text == "signed in"
+        with pytest.raises(TransportError, match="could not connect to NATS"):
+            async with asyncio.timeout(15), m2mwire.connect(url, connect_timeout=1):
+                pass

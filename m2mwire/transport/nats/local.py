@@ -45,6 +45,7 @@ class LocalNatsServer:
         name: str = "m2mwire-test",
         start_timeout: float = 10.0,
         gogc: int | None = None,
+        config: tuple[str, ...] = (),
     ) -> None:
         self._dir = Path(tempfile.mkdtemp(prefix="m2mwire-nats-"))
         self._name = name
@@ -57,6 +58,7 @@ class LocalNatsServer:
                 "cluster { name: m2mwire, listen: 127.0.0.1:-1, "
                 f"routes: [{route_list}], connect_retries: 30 }}"
             )
+        lines.extend(config)  # more nats-server configuration lines (an authorization block, ...)
         (self._dir / "nats.conf").write_text("\n".join(lines) + "\n")
         self._start_timeout = start_timeout
         # The Go garbage collector's target (GOGC, Go's default 100): nats-server allocates a
