@@ -4,6 +4,8 @@ shortcuts (DirectParser, publish_now) do what nats-py's general paths do."""
 from __future__ import annotations
 
 import asyncio
+import bisect
+import itertools
 import random
 import tracemalloc
 import uuid
@@ -13,6 +15,7 @@ import nats
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.aio.transport import TcpTransport
 from nats.protocol import parser as nats_parser
 
 from m2mwire.errors import UnsupportedDependency
@@ -77,7 +80,7 @@ class Recorder:
         self.events.append(("info", info))
 
 
-def protocol_stream() -> bytes:
+def protocol_parts() -> list[bytes]:
     """Every kind of line nats-server sends, with payloads small, empty and larger than a read."""
     rng = random.Random(3)
     parts = [b'INFO {"server_id":"x","max_payload":1048576}\r\n', b"PING\r\n", b"+OK\r\n"]
@@ -99,7 +102,11 @@ def protocol_stream() -> bytes:
         parts.append(b"MSG r.%d %d%s %d\r\n%s\r\n" % (i, DIRECT_SID, reply, i, rng.randbytes(i)))
     parts += [b"MSG\tw.1 1 3\r\nabc\r\n", b"MSG w.2  1  2\r\nde\r\n", b"MSG w.3 1 _I\t4\r\nfghi\r\n"]
     parts.append(b"MSG w.4 %d 1\r\nz\r\n" % GENERAL_SID)
-    return b"".join(parts)
+    return parts
+
+
+def protocol_stream() -> bytes:
+    return b"".join(protocol_parts())
 
 
 async def parse_in_pieces(parser: nats_parser.Parser, stream: bytes, seed: int) -> None:
@@ -130,6 +137,67 @@ async def test_direct_parser_hands_on_what_nats_py_parser_does_wherever_reads_ar
     # and the routed subscription's messages the same, in order (the reply is not needed there)
     assert routed == [e[:3] + e[4:5] for e in general.events if is_routed(e)]
     assert len(routed) == 6 + 20 + 3 and direct.stats["in_msgs"] == len(routed)
+    assert parser.state == nats_parser.AWAITING_CONTROL_LINE and not parser.buf
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_reads_routed_as_they_arrive_hand_on_what_nats_py_parser_does(seed: int) -> None:
+    """Differential for DirectParser._feed: the stream is fed to a StreamReader in random pieces,
+    as the transport's protocol feeds it, with a read loop as nats-py's reading it; sometimes the
+    loop waits (routed messages are then handed on from the feed, before the loop wakes), sometimes
+    reads pile up in the reader (the general path). Same events, same order as nats-py's parser."""
+    stream = protocol_stream()
+    general = Recorder()
+    await parse_in_pieces(nats_parser.Parser(general), stream, seed)
+
+    direct = Recorder()
+    reader = asyncio.StreamReader(limit=compat.READ_SIZE)
+    transport = TcpTransport()  # type: ignore[no-untyped-call]
+    transport._io_reader = reader
+    direct._transport = transport  # type: ignore[attr-defined]
+    parser = compat.DirectParser(direct)  # type: ignore[arg-type]
+    routed: list[tuple[object, ...]] = []
+    parser.direct[DIRECT_SID] = lambda subject, data: routed.append(("msg", DIRECT_SID, subject, bytes(data)))
+    from_feed = [0]  # runs of routed messages handed on while the read loop waited
+    route_run = parser._route_run
+
+    def counting_route_run(buf: bytearray) -> bool:
+        waiting = reader._waiter is not None  # type: ignore[attr-defined]
+        took = route_run(buf)
+        from_feed[0] += took and waiting
+        return took
+
+    parser._route_run = counting_route_run  # type: ignore[method-assign]
+
+    async def read_loop() -> None:  # nats-py's Client._read_loop, less its error handling
+        while not reader.at_eof():
+            await parser.parse(await reader.read(compat.READ_SIZE))
+
+    loop_task = asyncio.create_task(read_loop())
+    rng = random.Random(seed)
+    ends = list(itertools.accumulate(map(len, protocol_parts())))  # where each line's message ends
+    at = 0
+    while at < len(stream):
+        if rng.random() < 0.5:  # a read that ends where a message ends, as most do
+            step = ends[min(bisect.bisect_right(ends, at) + rng.randint(0, 2), len(ends) - 1)] - at
+        else:
+            step = rng.choice((1, 7, 30, 100, 4096, 32_768, 300_000))
+        reader.feed_data(stream[at : at + step])  # the hook (after the first parse) or the class's
+        at += step
+        if rng.random() < 0.6:
+            await asyncio.sleep(0)  # the read loop runs, and waits again
+    for _ in range(5):
+        await asyncio.sleep(0)
+    reader.feed_eof()
+    await asyncio.wait_for(loop_task, 5)
+
+    def is_routed(event: tuple[object, ...]) -> bool:
+        return event[:2] == ("msg", DIRECT_SID) and event[5] is None
+
+    assert direct.events == [e for e in general.events if not is_routed(e)]
+    assert routed == [e[:3] + e[4:5] for e in general.events if is_routed(e)]
+    assert direct.stats["in_msgs"] == len(routed) == 6 + 20 + 3
+    assert from_feed[0] > 0  # the path under test was taken
     assert parser.state == nats_parser.AWAITING_CONTROL_LINE and not parser.buf
 
 
@@ -282,7 +350,7 @@ async def test_a_big_payload_goes_from_the_socket_straight_into_its_own_buffer(
         # nats-py's reads of the big payloads bypass the StreamReader's buffer: on the old code
         # every byte went through it
         assert fed[0] < total / 2, (fed[0], total)
-        assert nc.is_connected and "feed_data" not in vars(nc._transport._io_reader)  # unhooked
+        assert nc.is_connected
     finally:
         await nc.close()
         await sender.close()

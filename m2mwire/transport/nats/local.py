@@ -98,6 +98,11 @@ class LocalNatsServer:
         self.cluster_url = (info.get("cluster") or [""])[0]
         return self
 
+    @property
+    def pid(self) -> int:
+        """The nats-server process's id (0 before start)."""
+        return self._proc.pid if self._proc is not None else 0
+
     def log_text(self) -> str:
         path = self._dir / "nats.log"
         return path.read_text(errors="replace") if path.exists() else ""
