@@ -31,7 +31,10 @@ def pin_client_and_servers(server_pids: Iterable[int]) -> str:
     return f"client pinned to CPU {cpus[0]}, server(s) to CPU {cpus[1]}"
 
 
-def unpin() -> None:
-    """Give this process its original CPUs back."""
-    if _ORIGINAL is not None:
-        os.sched_setaffinity(0, _ORIGINAL)
+def unpin(server_pids: Iterable[int] = ()) -> str:
+    """Give this process (and ``server_pids``) the CPUs this process started with."""
+    if _ORIGINAL is None:
+        return "not pinned (no sched_setaffinity here)"
+    for pid in (0, *server_pids):
+        os.sched_setaffinity(pid, _ORIGINAL)
+    return "client and servers unpinned (the scheduler places them)"

@@ -15,9 +15,14 @@ interleaved rounds (median reported):
   ``--work-us`` of CPU on each message, as an agent does (the workers are then the bottleneck,
   which is what a worker pool is for, and the rest fits beside them).
 
+The comparison runs twice: pinned (this client on one CPU, the WebSocket server, the NATS worker
+and nats-server on the other, as the other benchmarks here place their processes) and unpinned
+(the scheduler places them, and moves them). Placement matters more over NATS than over
+WebSocket: a round trip wakes four processes in turn instead of two.
+
 Goals: NATS throughput >= 0.5x WebSocket, RTT <= 2x.
 
-    .venv/bin/python benchmarks/bench_nats.py [--rounds 3] [--quick]
+    .venv/bin/python benchmarks/bench_nats.py [--rounds 3] [--quick] [--placement pinned|unpinned|both]
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ import statistics
 import time
 import uuid
 from typing import Any
+
+from _cpus import pin_client_and_servers, unpin
 
 from m2mwire.transport.nats.local import LocalNatsServer
 
@@ -90,7 +97,7 @@ def _raw_echo_main(servers: str, subject: str, ready: Any) -> None:
     asyncio.run(run())
 
 
-async def raw_nats_rtt(servers: str, n: int) -> float:
+async def raw_nats_rtt(servers: str, n: int, pinned: bool) -> float:
     import nats
 
     subject = f"bench.raw.{uuid.uuid4().hex}"
@@ -100,6 +107,8 @@ async def raw_nats_rtt(servers: str, n: int) -> float:
     proc.start()
     try:
         ready.get(timeout=60)
+        if pinned and proc.pid:
+            pin_client_and_servers([proc.pid])  # as the worker in compare()
         nc = await nats.connect(servers)
         replies: asyncio.Queue[Any] = asyncio.Queue()
 
@@ -245,26 +254,38 @@ def main() -> None:
         default=100.0,
         help="scaling: CPU microseconds the handler spends per message in the second measurement",
     )
+    parser.add_argument(
+        "--placement",
+        choices=("pinned", "unpinned", "both"),
+        default="both",
+        help="the comparison with the client on one CPU and the servers (nats-server included) on "
+        "the other, as the other benchmarks run (benchmarks/_cpus.py), or placed by the scheduler",
+    )
     args = parser.parse_args()
     with LocalNatsServer(max_payload=1024 * 1024, gogc=args.gogc) as nats_server:
-        ws_proc, ws_url = _start_server("ws://127.0.0.1:0")
-        nats_proc, nats_url = _start_server(f"{nats_server.url}/bench.{uuid.uuid4().hex}")
-        try:
-            results = asyncio.run(compare(ws_url, nats_url, args.rounds, args.quick))
-        finally:
-            ws_proc.terminate()
-            nats_proc.terminate()
-        raw = asyncio.run(raw_nats_rtt(nats_server.url, 3000))
-        print(
-            f"NATS session vs WebSocket session, median of {args.rounds} interleaved rounds "
-            f"(nats-server GOGC={args.gogc})"
-        )
-        print(f"{'':16}{'WebSocket':>12}{'NATS':>12}{'NATS/WS':>10}")
-        for label in results["ws"]:
-            ws = statistics.median(results["ws"][label])
-            nats = statistics.median(results["nats"][label])
-            print(f"{label:16}{ws:12.1f}{nats:12.1f}{nats / ws:10.2f}")
-        print(f"plain nats-py request/answer between two processes (no session), RTT p50 us: {raw:.1f}")
+        for placement in ("pinned", "unpinned") if args.placement == "both" else (args.placement,):
+            pinned = placement == "pinned"
+            ws_proc, ws_url = _start_server("ws://127.0.0.1:0")
+            nats_proc, nats_url = _start_server(f"{nats_server.url}/bench.{uuid.uuid4().hex}")
+            servers = [p for p in (ws_proc.pid, nats_proc.pid, nats_server.pid) if p]
+            where = pin_client_and_servers(servers) if pinned else unpin(servers)
+            try:
+                results = asyncio.run(compare(ws_url, nats_url, args.rounds, args.quick))
+                raw = asyncio.run(raw_nats_rtt(nats_server.url, 3000, pinned))
+            finally:
+                ws_proc.terminate()
+                nats_proc.terminate()
+                unpin([nats_server.pid])
+            print(
+                f"NATS session vs WebSocket session, median of {args.rounds} interleaved rounds "
+                f"(nats-server GOGC={args.gogc}); {placement}: {where}"
+            )
+            print(f"{'':16}{'WebSocket':>12}{'NATS':>12}{'NATS/WS':>10}")
+            for label in results["ws"]:
+                ws = statistics.median(results["ws"][label])
+                nats = statistics.median(results["nats"][label])
+                print(f"{label:16}{ws:12.1f}{nats:12.1f}{nats / ws:10.2f}")
+            print(f"plain nats-py request/answer between two processes (no session), RTT p50 us: {raw:.1f}")
         count = 500 if args.quick else 2000
         for work_us, per_session in ((0.0, count), (args.work_us, max(20, int(count * 5 / args.work_us)))):
             # Interleaved (1, 2, 2, 1 workers ...), median of each: the machine's speed drifts.
