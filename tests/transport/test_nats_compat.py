@@ -245,10 +245,10 @@ async def collecting(server: LocalNatsServer, subject: str) -> tuple[Client, asy
     return listener, got
 
 
-async def test_publish_now_sends_what_publish_does_and_writes_only_a_turns_first_command_at_once(
+async def test_publish_now_sends_what_publish_does_and_writes_only_a_bursts_first_command_at_once(
     nats_server: LocalNatsServer,
 ) -> None:
-    """Differential: publish_now (header and body queued apart, the first command of a turn
+    """Differential: publish_now (header and body queued apart, the first command of a burst
     written straight to the socket) against nats-py's publish (the general path), interleaved."""
     subject = f"t.{uuid.uuid4().hex}"
     listener, got = await collecting(nats_server, subject)
@@ -260,16 +260,54 @@ async def test_publish_now_sends_what_publish_does_and_writes_only_a_turns_first
                 head, body = b"h%d.%d:" % (burst, i), memoryview(bytes([i]) * (1000 * i))
                 assert compat.publish_now(nc, subject, head, body)
                 expected.append(head + bytes(body))
-                # the first of the turn went to the socket; the rest wait for the flusher, in order
+                # the first of the burst went to the socket; the rest wait for the flusher, in order
                 assert len(nc._pending) == (3 * i if i else 0)
             await nc.publish(subject, b"general %d" % burst)
             expected.append(b"general %d" % burst)
-            await asyncio.sleep(0)  # a new turn
+            await asyncio.sleep(0)  # the flusher writes the burst's rest
         assert compat.publish_now(nc, subject, b"head only")
         expected.append(b"head only")
         received = [await asyncio.wait_for(got.get(), 10) for _ in expected]
         assert received == expected
         assert nc.stats["out_msgs"] == len(expected)
+    finally:
+        await nc.close()
+        await listener.close()
+
+
+async def test_publish_now_goes_straight_out_again_only_after_a_read_or_the_flusher(
+    nats_server: LocalNatsServer,
+) -> None:
+    """A command written straight to the socket is not followed by another with nothing read in
+    between, even turns later: it waits for the flusher (which batches a burst's rest). A read
+    lets the next command go at once: a request after its answer does not wait a turn. Nothing
+    is scheduled to mark a turn's end (on the old code a callback per command cost a loop turn,
+    and a command in a later turn went straight out)."""
+    subject, other = f"t.{uuid.uuid4().hex}", f"t.{uuid.uuid4().hex}"
+    listener, elsewhere = await collecting(nats_server, other)  # another client's subject
+    nc = await direct_client(nats_server)
+    arrived: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def never(_msg: Msg) -> None:
+        raise AssertionError("a routed subscription's message took the callback")
+
+    sub = await nc.subscribe(subject, cb=never)
+    compat.route_directly(nc, sub, lambda _subject, data: arrived.put_nowait(bytes(data)))
+    await nc.flush()  # (its PONG is a read)
+    loop = asyncio.get_running_loop()
+    try:
+        ready = len(loop._ready)  # type: ignore[attr-defined]
+        assert compat.publish_now(nc, subject, b"a") and not nc._pending  # straight out
+        assert len(loop._ready) == ready  # type: ignore[attr-defined]  # nothing scheduled
+        assert await asyncio.wait_for(arrived.get(), 10) == b"a"  # it comes back: a read
+        assert compat.publish_now(nc, other, b"b") and not nc._pending  # straight out again
+        for _ in range(3):
+            await asyncio.sleep(0)  # later turns; nothing comes to nc (b goes elsewhere)
+        assert compat.publish_now(nc, other, b"c") and nc._pending  # for the flusher
+        await asyncio.sleep(0)  # the flusher writes c; queueing it cleared the mark
+        assert not nc._pending
+        assert compat.publish_now(nc, other, b"d") and not nc._pending  # straight out
+        assert [await asyncio.wait_for(elsewhere.get(), 10) for _ in range(3)] == [b"b", b"c", b"d"]
     finally:
         await nc.close()
         await listener.close()
