@@ -33,7 +33,7 @@ def test_receiver_refuses_a_message_past_the_credit_it_announced() -> None:
 
 def test_a_sender_within_its_credit_never_goes_over_at_the_receiver() -> None:
     receiver = Receiver(1000)
-    sender = Sender(receiver.granted)
+    sender = Sender(receiver.granted, receiver.window)
     for cost in (300, 300, 400, 50, 950, 1, 999):
         while not sender.has_credit(cost):
             limit = receiver.consume(receiver.received - receiver.consumed)
@@ -50,7 +50,7 @@ def test_credit_moves_by_quarters_of_the_window() -> None:
 
 
 def test_sender_waits_for_credit_and_releases_what_was_acknowledged() -> None:
-    s = Sender(300)
+    s = Sender(300, 300)
     for cost in (100, 100, 100):
         assert s.has_credit(cost)
         s.retain(s.take(cost), b"x" * cost)
@@ -58,7 +58,54 @@ def test_sender_waits_for_credit_and_releases_what_was_acknowledged() -> None:
     assert s.on_credit(2, 500)  # seq 1 and 2 acknowledged, 200 more allowed
     assert [seq for seq, _, _ in s.unacked] == [3] and s.retained_bytes == 100
     assert s.has_credit(200) and not s.has_credit(201)
-    assert not s.on_credit(3, 400)  # an older, lower limit never shrinks the window
+    assert not s.on_credit(2, 400)  # an older, lower limit never shrinks the window
+
+
+@pytest.mark.parametrize("limit", [10_000, 2**64 - 1])
+def test_a_sender_keeps_at_most_the_agreed_window_unacknowledged_whatever_credit_it_gets(limit: int) -> None:
+    """Stop 28's attack run: a peer that announced a window of 2**64 - 1 (or granted that much
+    credit) and never acknowledged made a worker send, and keep for a resend, all it was asked
+    for (800 MiB for a 1 KB request). The agreed window bounds what is unacknowledged."""
+    s = Sender(limit, 1000)
+    sent = 0
+    while s.has_credit(100) and sent < 100_000:  # bounded: the old code sent the whole 100 KB
+        s.retain(s.take(100), b"x" * 90)
+        sent += 100
+    assert sent == 1000 and s.retained_bytes == 900
+    s.on_credit(0, 2**64 - 1)  # all the credit there is, and no acknowledgement
+    assert not s.has_credit(100)
+    assert s.on_credit(4, 0)  # four acknowledged: room for four more, though the limit is old
+    assert s.has_credit(400) and not s.has_credit(401)
+
+
+def test_a_narrowed_receiver_acknowledges_often_enough_for_the_agreed_window() -> None:
+    """The client announces its own window in OPEN before it knows the worker's; when the
+    worker's is smaller, both use the smaller. The client's initial grant stays (a grant is never
+    taken back), but its CREDITs, with their acknowledgements, come every quarter of the agreed
+    window consumed: a sender held back by that window is never left waiting for one."""
+    receiver = Receiver(8000)  # the client's own window, announced in OPEN
+    receiver.narrow(1000)  # the worker's, from OPEN_OK
+    sender = Sender(8000, 1000)  # the worker: the client's grant, the agreed window
+    credits = 0
+    for cost in (300, 300, 400, 50, 950, 1, 999, 250, 250, 250, 250, 600):
+        while not sender.has_credit(cost):
+            limit = receiver.consume(receiver.received - receiver.consumed)
+            assert limit is not None  # consumed since the last CREDIT: one is due
+            credits += 1
+            sender.on_credit(receiver.last_in_order, limit)
+        assert receiver.check(sender.take(cost), cost) == TAKE
+    assert credits >= 4 and receiver.granted == 8000  # the grant never went below the first one
+
+
+def test_a_receiver_narrowed_after_consuming_announces_at_once() -> None:
+    """A worker may send before its OPEN_OK reaches the client, whose receiver then consumes with
+    its own, larger window (no CREDIT yet). Narrowing says a CREDIT is due: without it the
+    worker, held back by the agreed window, waited for its 1 s question (seen in a test)."""
+    receiver = Receiver(8000)
+    assert receiver.consume(1500) is None  # less than a quarter of 8000
+    assert receiver.narrow(1000) == 8000  # more than a quarter of 1000: acknowledge now
+    assert receiver.narrow(1000) is None  # and only once
+    assert Receiver(8000).narrow(1000) is None  # nothing consumed: nothing to say
 
 
 def test_frames_round_trip() -> None:

@@ -133,6 +133,54 @@ async def test_a_peer_sending_past_its_credit_is_dropped_not_buffered(small_nats
         await listener.wait_closed()
 
 
+@pytest.mark.parametrize("how", ["window", "credit"])
+async def test_a_peer_that_never_acknowledges_gets_at_most_the_workers_window(
+    small_nats: LocalNatsServer, how: str
+) -> None:
+    """Stop 28's attack run: what a worker keeps for a resend was bounded by the window the
+    *peer* announced (up to 2**64 - 1), or raised by any CREDIT, acknowledged or not: a client
+    that asked for a stream and never acknowledged grew the worker by 800 MiB for a 1 KB request
+    (and a RESYNC every 0.25 s made the worker send it all again). Now the agreed window, the
+    smaller of both, bounds it: the worker's send waits."""
+    window = 256 * 1024  # the worker's (4 x the server's 64 KiB max_payload)
+    channels: list[NatsChannel] = []
+    sent = [0]
+
+    async def streams(channel: NatsChannel) -> None:
+        channels.append(channel)
+        for _ in range(80):  # ~19 worker windows' worth
+            await channel.send(b"y" * 60_000)
+            sent[0] += 1
+
+    listener = await serve_nats(
+        streams, service(small_nats), max_message_size=1 << 20, options={"nats_window": window}
+    )
+    try:
+        peer_window = f.MAX_WINDOW if how == "window" else 8 << 20
+        attacker = await open_nats_channel(
+            listener.url, max_message_size=1 << 20, options={"nats_window": peer_window}
+        )
+        await attacker.send("hello")  # the worker's handler starts with the first message
+        if how == "credit":  # all the credit there is, acknowledging nothing
+            await attacker._nc.publish(attacker._out, f.pack_credit(0, f.MAX_WINDOW))
+        for _ in range(100):  # until the worker's send stops (the old code: all 80 in ~0.1 s)
+            before = sent[0]
+            await asyncio.sleep(0.05)
+            if sent[0] == before and sent[0] and channels[0]._sender.unacked:
+                break
+        (channel,) = channels
+        # (the attacker's channel takes up to 16 messages for recv() before it pauses, and
+        # acknowledges those; the rest waits unacknowledged, within the worker's window)
+        assert channel._sender.retained_bytes <= window and sent[0] <= 16 + window // 60_000
+        # an honest peer gets the rest: the attacker's channel reads, consumes, acknowledges
+        got = [await asyncio.wait_for(attacker.recv(), 10) for _ in range(80)]
+        assert len(got) == 80 and sent[0] == 80
+        await attacker.close()
+    finally:
+        listener.close()
+        await listener.wait_closed()
+
+
 async def test_a_flood_of_opens_keeps_at_most_max_half_open_channels(nats_server: LocalNatsServer) -> None:
     """An OPEN costs its sender one small NATS message, and each one held a channel, a session and
     a task (~19 KiB) until hello_timeout: 60,000 OPENs took a worker from 75 MiB to 1.16 GiB.

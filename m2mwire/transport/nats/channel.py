@@ -153,8 +153,14 @@ class NatsChannel:
         if not valid_subject(out_subject):
             raise ValueError(f"not a concrete NATS subject to publish to: {out_subject[:80]!r}")
         self._out = out_subject
+        # The agreed window, the smaller of both ends' (docs/PROTOCOL.md section 5a): what we
+        # keep unacknowledged for a resend is bounded by our own window, not by what a peer says.
+        window = min(peer_window, self._receiver.window)
         self._sender.limit = peer_window
-        self._chunk = f.chunk_size(self._nc.max_payload, peer_window)
+        self._sender.window = window
+        self._chunk = f.chunk_size(self._nc.max_payload, window)
+        if self._receiver.narrow(window) is not None:
+            self._send_credit()
         if self._probe_interval > 0:
             self._probe_handle = self._loop.call_later(self._probe_interval, self._probe)
 

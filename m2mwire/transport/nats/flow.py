@@ -12,7 +12,15 @@ channel runs a small window protocol on top of it, as HTTP/2 and QUIC do per str
   dropped; a gap (a message lost, e.g. on a NATS node that died) makes it ask for a resend of
   everything after the last one it took.
 - The sender keeps every message until the receiver's CREDIT acknowledges it (the ``ack`` in the
-  CREDIT message), so a resend is always possible; that retention is bounded by the window too.
+  CREDIT message), so a resend is always possible. That retention is bounded by the channel's
+  *agreed window*, the smaller of the two ends' windows (each announced in OPEN/OPEN_OK): the
+  sender never has more than that unacknowledged, whatever credit the peer grants. A peer that
+  announced a window of 2**64 - 1, or granted credit without acknowledging, made a worker keep
+  everything it sent (stop 28's attack run: 800 MiB for a 1 KB request). An honest receiver
+  acknowledges at least what it consumed, and grants at most ``consumed + window``, so the bound
+  never holds an honest sender back.
+- The receiver announces its credit (and acknowledgement) each time a quarter of the agreed
+  window was consumed, so a sender at that bound hears an acknowledgement before it stalls.
 """
 
 from __future__ import annotations
@@ -31,22 +39,27 @@ OVER_CREDIT = 2  # the peer sent past the credit it was given: a violation
 class Sender:
     """One direction's sending side: credit, sequence numbers, retention until acknowledged."""
 
-    def __init__(self, initial_limit: int) -> None:
+    def __init__(self, initial_limit: int, window: int = 0) -> None:
         self.limit = initial_limit  # total cost we may have sent
+        self.window = window  # the agreed window: at most this much cost unacknowledged
         self.sent = 0  # total cost sent so far
+        self.acked = 0  # total cost of the messages acknowledged
         self.next_seq = 1
         # (seq, head, body) kept for a resend: the NATS payload is head + body (body immutable)
         self.unacked: deque[tuple[int, bytes, bytes | memoryview]] = deque()
         self.retained_bytes = 0
+        self._sent_at: deque[tuple[int, int]] = deque()  # (seq, self.sent once it was taken)
 
     def has_credit(self, cost: int) -> bool:
-        return self.sent + cost <= self.limit
+        sent = self.sent + cost
+        return sent <= self.limit and sent - self.acked <= self.window
 
     def take(self, cost: int) -> int:
         """Account for one sequenced message of ``cost``; returns its sequence number."""
         self.sent += cost
         seq = self.next_seq
         self.next_seq += 1
+        self._sent_at.append((seq, self.sent))
         return seq
 
     def retain(self, seq: int, head: bytes, body: bytes | memoryview = b"") -> None:
@@ -54,11 +67,20 @@ class Sender:
         self.retained_bytes += len(head) + len(body)
 
     def on_credit(self, ack: int, limit: int) -> bool:
-        """Apply a CREDIT; True when the limit grew (a waiting sender may go on)."""
+        """Apply a CREDIT; True when the limit grew or messages were acknowledged (a waiting
+        sender may go on)."""
         unacked = self.unacked
         while unacked and unacked[0][0] <= ack:
             _, head, body = unacked.popleft()
             self.retained_bytes -= len(head) + len(body)
+        sent_at = self._sent_at
+        acked = self.acked
+        while sent_at and sent_at[0][0] <= ack:
+            acked = sent_at.popleft()[1]
+        if acked > self.acked:
+            self.acked = acked
+            if limit <= self.limit:
+                return True  # room made by the acknowledgement alone
         if limit > self.limit:
             self.limit = limit
             return True
@@ -69,11 +91,21 @@ class Receiver:
     """One direction's receiving side: the next expected sequence number and the credit limit."""
 
     def __init__(self, window: int) -> None:
-        self.window = window
+        self.window = window  # our own; the agreed one once the peer's is known (narrow)
         self.expected = 1
         self.consumed = 0
         self.received = 0  # total cost of the sequenced messages taken
         self.granted = window  # the limit last announced (the initial one is in OPEN/OPEN_OK)
+        self._announced_at = 0  # what was consumed when the limit was last announced
+
+    def narrow(self, window: int) -> int | None:
+        """Use the agreed ``window`` (<= ours) from now on. The initial credit, announced with our
+        own window, is not taken back: a grant is never lowered. Returns a limit to announce
+        when a quarter of the agreed window was consumed already (a worker may send before its
+        OPEN_OK reaches the client: those messages must be acknowledged without waiting for
+        more, which the sender may be holding back)."""
+        self.window = min(self.window, window)
+        return self.consume(0)
 
     def check(self, seq: int, cost: int) -> int:
         """The verdict on a sequenced message of ``cost``: TAKE, DUPLICATE, GAP or OVER_CREDIT.
@@ -97,12 +129,15 @@ class Receiver:
     def consume(self, cost: int) -> int | None:
         """The application took ``cost``; returns a new limit to announce when worth a message.
 
-        A quarter of the window is the threshold: the sender never stalls for a full round trip
-        while the receiver keeps up, and small messages do not each cost a CREDIT message.
+        A quarter of the window consumed is the threshold: the sender never stalls for a full
+        round trip while the receiver keeps up, and small messages do not each cost a CREDIT
+        message. It counts what was consumed, not how far the limit moved: after a narrowed
+        window the initial grant can stay ahead of ``consumed + window`` for a while, and the
+        acknowledgement must still reach a sender held back by the agreed window.
         """
-        self.consumed += cost
-        limit = self.consumed + self.window
-        if limit - self.granted >= self.window // 4:
-            self.granted = limit
-            return limit
+        consumed = self.consumed = self.consumed + cost
+        if consumed - self._announced_at >= self.window // 4:
+            self._announced_at = consumed
+            self.granted = max(self.granted, consumed + self.window)
+            return self.granted
         return None
