@@ -1086,9 +1086,14 @@ class SessionProtocol:
         if self.resume is not None and self.resume.ack_pending and self._live:
             self._send_ack()  # a quiet moment: release what the peer retains for us
 
-    def _on_ack(self, _sid: str | None, payload: Any, now: float) -> None:
+    def _on_ack(self, sid: str | None, payload: Any, now: float) -> None:
         if self.resume is None:  # rate-limited, as every warning a peer can trigger at will
             self._warn(now, "ignoring ACK on a session without resume")
+            return
+        if sid != self._session_id:  # as for DATA: it counts another session's messages
+            self._protocol_violation(
+                f"ACK for session {sid!r} on session {self._session_id!r}", SessionCode.UNKNOWN_SESSION
+            )
             return
         assert isinstance(payload, AckPayload)
         try:

@@ -143,8 +143,10 @@ class Server(Listening):
 
     def _resume(self, fresh: HostedSession, request: ResumeRequested) -> None:
         """A fresh connection's HELLO resumes ``request.session_id``: move the connection to that
-        session, or answer REJECT with why not. The token is compared in constant time; an
-        unknown id and a wrong token are told apart only by someone holding the right token."""
+        session, or answer REJECT with why not. The token is compared in constant time. The
+        answers do tell a live id (RESUME_REFUSED), an ended one (how it ended) and an unknown one
+        (RESUME_UNKNOWN) apart, as docs/PROTOCOL.md section 9 lists them: ids are random UUIDs, so
+        this confirms only ids one already knows, and a token (256 bits) is still needed to resume."""
         target = self._resumable.get(request.session_id)
         if target is None or target.closed is not None:
             ended = self._ended_ids.get(request.session_id)

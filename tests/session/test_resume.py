@@ -330,6 +330,24 @@ def test_a_server_with_resume_off_rejects_a_resuming_hello() -> None:
     assert isinstance(closed, Closed) and closed.code == "RESUME_UNKNOWN"
 
 
+def test_an_ack_for_another_session_is_refused_as_data_for_another_session_is() -> None:
+    """Stop 28's attack run: an ACK naming session A, sent on session B's connection, was applied
+    to B (its session_id was never read): it released B's retained messages, or ended B with
+    INVALID_ACK. Now it is UNKNOWN_SESSION, as DATA for another session is, and B's retention is
+    untouched."""
+    client, server = established()
+    server.send("s1", 1.0)
+    deliver(server, client)
+    assert server.resume is not None and server.resume.sent == 1
+    retained = server.resume.retained_bytes
+    other = json.dumps({"type": "ACK", "session_id": "another-session", "payload": {"received": 1}})
+    server.receive_text(other.encode(), 2.0)
+    closing = [json.loads(o.message) for o in server.data_to_send() if isinstance(o, SendMessage)]
+    assert [c["type"] for c in closing] == ["CLOSE"]
+    assert closing[0]["payload"]["reason"] == "UNKNOWN_SESSION"
+    assert server.resume.retained_bytes == retained > 0 and server.resume.acked == 0
+
+
 def test_ack_beyond_what_was_sent_is_a_protocol_error() -> None:
     state = ResumeState(1000, 1000, "t")
     state.on_sent(b"abc", 3)  # text travels as its UTF-8 bytes
