@@ -198,7 +198,7 @@ def test_a_count_includes_excluded_messages_and_only_kept_ones_enter_the_mirror(
     primes with its history holds b1 and b2, not b3 and b4: B decodes it with its mirror."""
     window = MIN_WINDOW * 4
     a, b = HistoryContext(window), HistoryContext(window)
-    big = [bytes([65 + i]) * (window // 2 - 100) for i in range(4)]  # two fit under the window, then none
+    big = [bytes([65 + i]) * (window // 2 - 200) for i in range(4)]  # two fit under the window, then none
     flags = []
     for text in big:
         payload = b.compress(text)
