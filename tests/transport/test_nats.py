@@ -6,6 +6,7 @@ import asyncio
 import os
 import random
 import socket
+import ssl
 import string
 import sys
 import time
@@ -68,6 +69,25 @@ async def test_a_message_three_times_max_payload_is_chunked(nats_server: LocalNa
             assert nc.stats["out_msgs"] - before >= 4  # 3 MiB cannot go in fewer 1 MiB messages
             reply = await asyncio.wait_for(session.recv(), 30)
             assert reply.text == text
+
+
+async def test_a_session_over_tls_carries_large_messages_without_reconnecting(
+    tls_nats: tuple[LocalNatsServer, ssl.SSLContext],
+) -> None:
+    """``tls=`` (an SSLContext, passed to nats-py) against a nats-server that requires TLS. A
+    1.5 MB echo timed out half the time: large bodies were written past the TLS stream (fixed in
+    compat.publish_now), and each one broke the connection."""
+    server_nats, tls = tls_nats
+    url = f"nats://127.0.0.1:{server_nats.port}/tls.{uuid.uuid4().hex}"  # (its url says tls://)
+    async with m2mwire.serve(echo, url, tls=tls, max_payload=1 << 22) as server:
+        async with m2mwire.connect(server.url, tls=tls, max_payload=1 << 22) as session:
+            channel = session._channel
+            assert isinstance(channel, NatsChannel)
+            for size in (100, 70_000, 1_500_000):
+                text = "z" * size
+                await session.send(text, algorithm="none")
+                assert (await asyncio.wait_for(session.recv(), 10)).text == text
+            assert channel._nc.stats["reconnects"] == 0
 
 
 @pytest.mark.parametrize(

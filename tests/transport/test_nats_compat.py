@@ -7,6 +7,7 @@ import asyncio
 import bisect
 import itertools
 import random
+import ssl
 import tracemalloc
 import uuid
 from importlib.metadata import version
@@ -308,6 +309,42 @@ async def test_publish_now_goes_straight_out_again_only_after_a_read_or_the_flus
         assert not nc._pending
         assert compat.publish_now(nc, other, b"d") and not nc._pending  # straight out
         assert [await asyncio.wait_for(elsewhere.get(), 10) for _ in range(3)] == [b"b", b"c", b"d"]
+    finally:
+        await nc.close()
+        await listener.close()
+
+
+async def test_large_bodies_over_tls_keep_the_connection(
+    tls_nats: tuple[LocalNatsServer, ssl.SSLContext],
+) -> None:
+    """publish_now wrote bodies of 16 KiB or more with os.writev on the socket: over TLS, that is
+    plaintext inside the TLS stream. nats-server dropped the connection at each one, and the
+    message got through only once a reconnect's resend took the flusher's path (the session
+    test saw a 1.5 MB echo time out half the time). Over TLS they now go through the TLS
+    transport, straight out as before, and the connection stays up."""
+    server, tls = tls_nats
+    subject = f"t.{uuid.uuid4().hex}"
+    listener = await nats.connect(server.url, tls=tls)
+    got: asyncio.Queue[bytes] = asyncio.Queue()
+
+    async def collect(msg: Msg) -> None:
+        got.put_nowait(msg.data)
+
+    await listener.subscribe(subject, cb=collect)
+    await listener.flush()
+    nc = Client()
+    compat.install_parser(nc)
+    await nc.connect(server.url, tls=tls, max_reconnect_attempts=0)
+    try:
+        expected = [bytes([i]) * size for i, size in enumerate((100, 20_000, 70_000, 500_000))]
+        for body in expected:
+            assert not nc._pending
+            assert compat.publish_now(nc, subject, b"h:", body)
+            assert not nc._pending  # straight out, through the TLS transport
+            await nc.flush()  # a read in between: the next one goes straight out too
+        received = [await asyncio.wait_for(got.get(), 10) for _ in expected]
+        assert received == [b"h:" + body for body in expected]
+        assert nc.is_connected and nc.stats["reconnects"] == 0
     finally:
         await nc.close()
         await listener.close()

@@ -187,7 +187,7 @@ def publish_now(nc: Client, subject: str, head: bytes, body: bytes | memoryview 
     stats["out_msgs"] += 1
     stats["out_bytes"] += payload_size
     if _write_now(nc):
-        if len(body) >= WRITEV_BODY:
+        if len(body) >= WRITEV_BODY and _plain_socket(nc):
             _write_parts(nc, (line + head, body, b"\r\n"))
         else:
             nc._transport.write(b"".join((line, head, body, b"\r\n")))  # type: ignore[union-attr]
@@ -240,6 +240,16 @@ def _write_now(nc: Client) -> bool:
         return False
     parser.wrote_directly = True
     return True
+
+
+def _plain_socket(nc: Client) -> bool:
+    """Whether the connection's bytes go to its socket as they are: not over TLS, where
+    :func:`_write_parts` would write plaintext past the encryption into the TLS stream (nats-py
+    upgrades a TcpTransport in place: its type does not tell). Until stop 28 it did: every large
+    message over a TLS connection broke it, and got through only once a reconnect's resend took
+    the flusher's path."""
+    writer = nc._transport._io_writer  # type: ignore[union-attr]
+    return writer is not None and writer.get_extra_info("sslcontext") is None
 
 
 def _write_parts(nc: Client, parts: Sequence[bytes | memoryview]) -> None:
@@ -311,9 +321,10 @@ class DirectParser(Parser):
         self._filled = 0
 
     def _hook(self) -> None:
-        """Have the connection's StreamReader give its reads to :meth:`_feed` (plain TCP
-        connections: a TLS or websocket transport reads as before). Done by the read loop's first
-        parse() of a connection: nats-py's own reads of the connection's first lines are over."""
+        """Have the connection's StreamReader give its reads to :meth:`_feed` (TCP connections,
+        TLS included: the reader gets decrypted bytes; a websocket transport reads as before).
+        Done by the read loop's first parse() of a connection: nats-py's own reads of the
+        connection's first lines are over."""
         transport = getattr(self.nc, "_transport", None)
         if type(transport) is not TcpTransport:
             return
