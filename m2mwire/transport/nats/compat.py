@@ -22,7 +22,8 @@ Importing this module with another version, or with one of the fields used missi
   big payload straight into the payload's buffer. The StreamReader would copy every read twice
   (into its buffer, and out of it for ``read()``) and wake the read loop for it.
 - :func:`publish_now` writes a large body with ``os.writev`` on the connection's socket, beside
-  our header, where asyncio's transport (Python 3.11: ``writelines`` joins) would need them joined.
+  our header, where asyncio's transport (Python 3.11: ``writelines`` joins) would need them joined
+  (plain TCP only: over TLS the bytes must go through the TLS transport, :func:`_plain_socket`).
 - :func:`discard_pending`: nats-py's ``close()`` writes what its pending buffer holds and awaits
   the socket's drain *before* it cancels the subscriptions' tasks and closes the transport; on a
   connection that died (the server gone, the client reconnecting) that write raises, and
