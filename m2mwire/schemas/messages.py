@@ -24,6 +24,7 @@ from m2mwire.schemas.identity import ModelIdentity
 
 __all__ = [
     "PROTOCOL_VERSION",
+    "TOO_DEEP",
     "AckPayload",
     "Capabilities",
     "ClosePayload",
@@ -248,7 +249,7 @@ _strict_data_decoder = msgspec.json.Decoder(_StrictDataEnvelope)
 _DATA_START = b'{"type":"DATA",'
 # msgspec parses (and skips unknown fields) recursively and raises RecursionError near the
 # interpreter's recursion limit (~1,000 levels): such a message is malformed, not a crash.
-_TOO_DEEP = "session message is nested too deeply to parse (about 1,000 levels or more)"
+TOO_DEEP = "session message is nested too deeply to parse (about 1,000 levels or more)"
 
 
 def encode_message(
@@ -346,7 +347,7 @@ def decode_message(text: str | bytes, *, limits: Limits = DEFAULT_LIMITS) -> Dec
     except (msgspec.DecodeError, UnicodeError) as exc:
         raise ProtocolError(f"not a session message: {exc}", code="MALFORMED_MESSAGE") from exc
     except RecursionError:
-        raise ProtocolError(_TOO_DEEP, code="MALFORMED_MESSAGE") from None
+        raise ProtocolError(TOO_DEEP, code="MALFORMED_MESSAGE") from None
     return Decoded(
         type=mtype,
         type_name=raw.type,

@@ -50,6 +50,7 @@ from m2mwire.errors import (
 from m2mwire.schemas.codes import RejectCode, SessionCode, Violation
 from m2mwire.schemas.messages import (
     PROTOCOL_VERSION,
+    TOO_DEEP,
     AckPayload,
     Capabilities,
     ClosePayload,
@@ -1452,6 +1453,9 @@ class SessionProtocol:
             kind = _type_decoder.decode(data).type
         except (msgspec.DecodeError, UnicodeError):
             kind = ""
+        except RecursionError:  # msgspec skips nested values recursively: malformed, as a smaller
+            self._protocol_violation(TOO_DEEP, SessionCode.MALFORMED_MESSAGE)  # message is
+            return False
         size = len(data)
         if kind == "DATA" and MessageType.DATA in self._expected():
             if size > self._payload_limit:

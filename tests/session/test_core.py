@@ -850,3 +850,20 @@ def test_correlation_fields_round_trip_through_the_core() -> None:
     assert [(m.text, m.reply_to, m.more) for m in answers] == [("part", "7", True), ("last", "7", False)]
     with pytest.raises(EncodeError, match="binary=False"):
         client.send("x", 1.0, binary=True, request_id="8")
+
+
+@pytest.mark.parametrize("size", [60_000, 200_000])  # under and over CONTROL_MESSAGE_LIMIT (64 KiB)
+def test_a_message_nested_too_deeply_is_malformed_at_any_size(size: int) -> None:
+    """Stop 28's attack run (a hostile NATS worker): a message over 64 KiB nested ~100,000 levels
+    deep raised RecursionError out of receive_text (the size check reads its type first, and
+    msgspec skips nested values recursively): the session failed as an internal error, with a
+    traceback in the log. A small one was already refused as MALFORMED_MESSAGE; now both are."""
+    c, s = pair()
+    drain(c), drain(s)
+    depth = size // 2
+    message = b'{"type":"DATA","session_id":"' + s.session_id.encode() + b'","payload":' + b"[" * depth
+    assert s.receive_text(message + b"]" * depth + b"}", 1.0) is None
+    closing = texts(s)
+    assert [m["type"] for m in closing] == ["CLOSE"]
+    assert closing[0]["payload"]["reason"] == "MALFORMED_MESSAGE"
+    assert "nested too deeply" in closing[0]["payload"]["message"]

@@ -108,6 +108,14 @@ def test_a_receiver_narrowed_after_consuming_announces_at_once() -> None:
     assert Receiver(8000).narrow(1000) is None  # nothing consumed: nothing to say
 
 
+def test_a_peers_close_reason_is_read_up_to_reason_max() -> None:
+    """A hostile worker's ABORT with a 1 MB reason reached the client's TransportError whole
+    (stop 28); a reason is read up to REASON_MAX bytes, ours are cut to it when packed."""
+    code, reason = f.unpack_close(f.HEADER.pack(f.ABORT, 0) + (1002).to_bytes(2, "big") + b"x" * 1_000_000)
+    assert code == 1002 and reason == "x" * f.REASON_MAX + "... (1000000 bytes)"
+    assert f.unpack_close(f.pack_close(f.CLOSE, 1, 1000, "y" * 600))[1] == "y" * f.REASON_MAX
+
+
 def test_frames_round_trip() -> None:
     assert f.unpack_credit(f.pack_credit(7, 1 << 40, f.RESYNC)) == (7, 1 << 40, f.RESYNC)
     data = f.pack_close(f.CLOSE, 9, 1000, "bye ✓")

@@ -99,6 +99,35 @@ async def test_a_channel_refuses_a_peer_subject_that_is_not_one_concrete_subject
         await attacker.close()
 
 
+async def test_json_nested_too_deeply_in_open_or_open_ok_is_malformed(nats_server: LocalNatsServer) -> None:
+    """Stop 28's attack run: an OPEN_OK of 200 KB of nested brackets made connect() raise a bare
+    RecursionError (only ValueError was caught), where any other unreadable answer is a
+    TransportError. The worker's OPEN parsing had the same gap (a 4 KB OPEN holds 2,048 levels):
+    such an OPEN now gets no answer, like any malformed one, and the worker serves on."""
+    attacker = await nats.connect(nats_server.url)
+    url = service(nats_server)
+
+    async def answer(msg: nats.aio.msg.Msg) -> None:
+        await msg.respond(b"[" * 200_000)
+
+    try:
+        await attacker.subscribe(url.rsplit("/", 1)[1], cb=answer)
+        await attacker.flush()
+        with pytest.raises(TransportError, match="malformed OPEN_OK"):
+            await open_nats_channel(url, max_message_size=1 << 20, options={})
+    finally:
+        await attacker.close()
+    async with m2mwire.serve(echo, service(nats_server)) as server:
+        attacker = await nats.connect(nats_server.url)
+        try:
+            with pytest.raises(NatsTimeoutError):
+                await attacker.request(server.url.rsplit("/", 1)[1], b"[" * 4000, timeout=1.0)
+        finally:
+            await attacker.close()
+        async with m2mwire.connect(server.url, open_timeout=5) as session:
+            assert await round_trip(session, "still serving") == "still serving"
+
+
 async def test_a_peer_sending_past_its_credit_is_dropped_not_buffered(small_nats: LocalNatsServer) -> None:
     """A worker's channel holds what arrives while its session is paused, and grants no credit
     for it; a peer that sends on regardless (ignoring the credit protocol) made the worker hold

@@ -32,6 +32,7 @@ __all__ = [
     "MESSAGE_COST",
     "MIN_WINDOW",
     "PROBE",
+    "REASON_MAX",
     "RESYNC",
     "SEQUENCED",
     "TAIL",
@@ -89,13 +90,20 @@ def unpack_tail(data: bytes | bytearray) -> int:
     return int(TOTAL.unpack_from(data, _CREDIT.size)[0])
 
 
+#: Bytes of a CLOSE or ABORT reason: ours are cut to this, a peer's are read up to it (a peer's
+#: longer one, up to max_payload, would otherwise travel on in our errors whole: stop 28).
+REASON_MAX = 512
+
+
 def pack_close(kind: int, seq: int, code: int, reason: str) -> bytes:
-    return _CLOSE.pack(kind, seq, code) + reason.encode()[:512]
+    return _CLOSE.pack(kind, seq, code) + reason.encode()[:REASON_MAX]
 
 
 def unpack_close(data: bytes | bytearray) -> tuple[int, str]:
     _, _, code = _CLOSE.unpack_from(data)
-    return code, data[_CLOSE.size :].decode(errors="replace")
+    size = len(data) - _CLOSE.size
+    reason = bytes(data[_CLOSE.size : _CLOSE.size + REASON_MAX]).decode(errors="replace")
+    return code, reason if size <= REASON_MAX else f"{reason}... ({size} bytes)"
 
 
 def window_error(window: object) -> str | None:

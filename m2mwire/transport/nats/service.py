@@ -78,7 +78,7 @@ def _open_ok(reply: Msg, service: str) -> dict[str, Any]:
     why the worker refused the OPEN."""
     try:
         answer = json.loads(reply.data)
-    except ValueError as exc:
+    except (ValueError, RecursionError) as exc:  # RecursionError: JSON nested too deeply
         raise TransportError(f"malformed OPEN_OK from the worker of {service!r}: {exc}") from exc
     if not isinstance(answer, dict):
         raise TransportError(f"malformed OPEN_OK from the worker of {service!r}: {answer!r}"[:300])
@@ -273,8 +273,8 @@ class NatsListener:
             # OPEN gets no answer at all (nor does one that is not an OPEN).
             if not valid_subject(subject):
                 raise ValueError(f"unsupported OPEN {request!r}"[:200])
-        except (ValueError, KeyError, TypeError) as exc:
-            log.info("malformed OPEN on %s: %s", self._target.subject, exc)
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:  # (JSON nested too deeply)
+            log.info("malformed OPEN on %s: %s", self._target.subject, str(exc)[:200])
             return
         # An OPEN we can read but not serve is told why, so its client fails at once with the
         # reason instead of after open_timeout (a later version of the OPEN, a window no chunk fits).
