@@ -79,24 +79,31 @@ def test_only_concrete_printable_subjects_are_valid() -> None:
         assert not valid_subject(bad), bad
 
 
+async def open_answered_with(server: LocalNatsServer, answer: bytes, error: str) -> None:
+    """A client's OPEN answered with ``answer`` by a rogue member of the service fails with a
+    TransportError matching ``error``."""
+    attacker = await nats.connect(server.url)
+    url = service(server)
+
+    async def respond(msg: nats.aio.msg.Msg) -> None:
+        await msg.respond(answer)
+
+    try:
+        await attacker.subscribe(url.rsplit("/", 1)[1], cb=respond)
+        await attacker.flush()
+        with pytest.raises(TransportError, match=error):
+            await open_nats_channel(url, max_message_size=1 << 20, options={})
+    finally:
+        await attacker.close()
+
+
 async def test_a_channel_refuses_a_peer_subject_that_is_not_one_concrete_subject(
     nats_server: LocalNatsServer,
 ) -> None:
     """The client side too: an OPEN_OK (from a worker, or whoever answers on the service subject)
     naming a subject with a CR/LF is refused before anything is published to it."""
-    attacker = await nats.connect(nats_server.url)
-    url = service(nats_server)
-
-    async def answer(msg: nats.aio.msg.Msg) -> None:
-        await msg.respond(json.dumps({"v": 1, "subject": "x.y\r\nUNSUB 1", "window": 1 << 20}).encode())
-
-    try:
-        await attacker.subscribe(url.rsplit("/", 1)[1], cb=answer)
-        await attacker.flush()
-        with pytest.raises(TransportError, match="answered OPEN"):
-            await open_nats_channel(url, max_message_size=1 << 20, options={})
-    finally:
-        await attacker.close()
+    bad = json.dumps({"v": 1, "subject": "x.y\r\nUNSUB 1", "window": 1 << 20}).encode()
+    await open_answered_with(nats_server, bad, "answered OPEN")
 
 
 async def test_json_nested_too_deeply_in_open_or_open_ok_is_malformed(nats_server: LocalNatsServer) -> None:
@@ -104,19 +111,7 @@ async def test_json_nested_too_deeply_in_open_or_open_ok_is_malformed(nats_serve
     RecursionError (only ValueError was caught), where any other unreadable answer is a
     TransportError. The worker's OPEN parsing had the same gap (a 4 KB OPEN holds 2,048 levels):
     such an OPEN now gets no answer, like any malformed one, and the worker serves on."""
-    attacker = await nats.connect(nats_server.url)
-    url = service(nats_server)
-
-    async def answer(msg: nats.aio.msg.Msg) -> None:
-        await msg.respond(b"[" * 200_000)
-
-    try:
-        await attacker.subscribe(url.rsplit("/", 1)[1], cb=answer)
-        await attacker.flush()
-        with pytest.raises(TransportError, match="malformed OPEN_OK"):
-            await open_nats_channel(url, max_message_size=1 << 20, options={})
-    finally:
-        await attacker.close()
+    await open_answered_with(nats_server, b"[" * 200_000, "malformed OPEN_OK")
     async with m2mwire.serve(echo, service(nats_server)) as server:
         attacker = await nats.connect(nats_server.url)
         try:
