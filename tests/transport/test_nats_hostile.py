@@ -303,19 +303,7 @@ async def test_a_client_refuses_an_open_ok_it_cannot_use(
 ) -> None:
     """The client side: a window no chunk fits in is refused before the channel is used (the old
     client took it and then waited for credit for good), and a worker's refusal is its error."""
-    responder = await nats.connect(nats_server.url)
-    url = service(nats_server)
-
-    async def respond(msg: nats.aio.msg.Msg) -> None:
-        await msg.respond(json.dumps(answer).encode())
-
-    try:
-        await responder.subscribe(url.rsplit("/", 1)[1], cb=respond)
-        await responder.flush()
-        with pytest.raises(TransportError, match=match):
-            await open_nats_channel(url, max_message_size=1 << 20, options={})
-    finally:
-        await responder.close()
+    await open_answered_with(nats_server, json.dumps(answer).encode(), match)
 
 
 async def test_a_whole_message_inside_a_chunked_one_ends_the_channel(small_nats: LocalNatsServer) -> None:
