@@ -16,6 +16,10 @@ from websockets.exceptions import ConnectionClosed
 import m2mwire
 from m2mwire.api import Session
 from m2mwire.errors import SessionClosed
+from m2mwire.schemas.messages import MessageType, decode_message, encode_message
+from m2mwire.session.config import SessionConfig
+from m2mwire.session.core import SendMessage, SessionProtocol
+from m2mwire.session.states import Role, State
 from m2mwire.shell.resume_routes import ResumeRoutes
 from m2mwire.transport.nats.local import LocalNatsServer
 from tests.chaosproxy import TcpChaosProxy
@@ -144,13 +148,79 @@ async def test_a_resume_through_the_gateway_still_needs_the_token(nats_server: L
         assert info.value.code == "RESUME_REFUSED"
 
 
-async def test_a_connection_that_sends_no_hello_is_closed(nats_server: LocalNatsServer) -> None:
-    """The gateway waits for the first message before opening a NATS channel (it decides where
-    the channel goes), so it bounds that wait itself: hello_timeout, then close 1008."""
+@pytest.mark.parametrize("ping", [True, False], ids=["ping first", "hello first"])
+@pytest.mark.parametrize("lost", ["cut", "close frame"])
+async def test_a_resume_through_the_gateway_reaches_the_worker_as_it_would_a_direct_server(
+    nats_server: LocalNatsServer, ping: bool, lost: str
+) -> None:
+    """Two ways a resume that a direct server honours went through the queue group to worker B,
+    which could only refuse it (RESUME_UNKNOWN):
+    - a PING before the resuming HELLO: a server answers PINGs before a HELLO (the state table
+      expects them), but the gateway routed a connection by its first message;
+    - a connection that ended with a close frame but no CLOSE: the worker keeps such a session
+      for a resume, as a direct server does, but the gateway took the clean end for the
+      session's and forgot its worker. It now forgets it once a CLOSE passed.
+    The client is a sans-I/O session core over a raw WebSocket, so that the test says exactly
+    which messages go out, in which order."""
+    url = f"{nats_server.url}/test.{uuid.uuid4().hex}"
+    client = SessionProtocol(Role.CLIENT, SessionConfig(identity=IDENT, resume=True))
+    client.initiate(0.0)
+    async with m2mwire.serve(echo, url, agent_id="worker-a", identity=IDENT) as a:
+        async with m2mwire.gateway("ws://127.0.0.1:0", url) as gw:
+            async with ws_connect(gw.url) as ws:
+                (hello,) = client.data_to_send()
+                assert isinstance(hello, SendMessage)
+                await ws.send(hello.message.decode())
+                client.receive_text(await asyncio.wait_for(ws.recv(), 10), 0.0)
+                assert client.state is State.ESTABLISHED and client.resume is not None
+                sid = client.session_id
+                assert sid is not None and gw.routes.find(sid) is not None
+                if lost == "cut":
+                    ws.transport.abort()
+                else:
+                    await ws.close(1001)
+            # worker A holds the session, detached; the gateway still knows where
+            for _ in range(200):
+                if gw.routes.lost(sid):
+                    break
+                await asyncio.sleep(0.01)
+            assert gw.routes.lost(sid)
+            a.close()  # A takes no new session, but resumes its own
+            async with m2mwire.serve(echo, url, agent_id="worker-b", identity=IDENT):
+                client.transport_closed(now=1.0)
+                client.begin_resume(1.0)
+                (resuming,) = client.data_to_send()
+                assert isinstance(resuming, SendMessage)
+                async with ws_connect(gw.url) as ws:
+                    if ping:
+                        await ws.send(encode_message(MessageType.PING).decode())
+                        pong = decode_message(await asyncio.wait_for(ws.recv(), 10))
+                        assert pong.type is MessageType.PONG
+                    await ws.send(resuming.message.decode())
+                    answer = decode_message(await asyncio.wait_for(ws.recv(), 10))
+    assert answer.type is MessageType.ACCEPT, answer.payload
+    assert answer.session_id == sid
+
+
+@pytest.mark.parametrize("pings", [0, 40])
+async def test_a_connection_that_sends_no_hello_is_closed(nats_server: LocalNatsServer, pings: int) -> None:
+    """The gateway waits for the HELLO before opening a NATS channel (it decides where the
+    channel goes), so it bounds that wait itself: hello_timeout, then close 1008. PINGs meanwhile
+    are answered, one PONG each, as a server answers them, and do not extend the wait."""
     url = f"{nats_server.url}/test.{uuid.uuid4().hex}"
     async with m2mwire.serve(echo, url):
         async with m2mwire.gateway("ws://127.0.0.1:0", url, hello_timeout=0.3) as gw:
             async with ws_connect(gw.url) as ws:
+                for _ in range(pings):  # 40 x 20 ms: past hello_timeout
+                    try:
+                        await ws.send(encode_message(MessageType.PING).decode())
+                        pong = decode_message(await asyncio.wait_for(ws.recv(), 5))
+                    except ConnectionClosed:
+                        break
+                    assert pong.type is MessageType.PONG
+                    await asyncio.sleep(0.02)
+                else:
+                    assert not pings, "PINGs kept the connection open past hello_timeout"
                 with pytest.raises(ConnectionClosed) as info:
                     await asyncio.wait_for(ws.recv(), 5)
             assert info.value.rcvd is not None and info.value.rcvd.code == 1008

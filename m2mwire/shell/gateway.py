@@ -8,8 +8,9 @@ before the next is taken, and the sides' own flow control (TCP, QUIC, NATS credi
 
 Resuming through the gateway: a NATS client resumes a session on the worker that holds it (the
 channel's resume route, docs/PROTOCOL.md §5a "Resuming"), but a WebSocket/QUIC client only knows
-the gateway's URL. So the gateway reads two messages of each relay, the client's first (HELLO) and
-the worker's first (ACCEPT), and remembers which worker accepted each resumable session
+the gateway's URL. So the gateway reads two messages of each relay, the client's HELLO (its first
+message, but for PINGs, which the gateway answers itself as a server would, and PONGs) and the
+worker's first (ACCEPT), and remembers which worker accepted each resumable session
 (:class:`~m2mwire.shell.resume_routes.ResumeRoutes`); a new connection whose HELLO resumes a session
 it remembers is opened to that worker. The token is still checked by the worker, end to end.
 """
@@ -21,14 +22,21 @@ import contextlib
 import logging
 import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from m2mwire.codecs.limits import MiB
 from m2mwire.errors import ConfigError, M2MError, ResumeImpossible, TransportError
 from m2mwire.lifecycle import Listening
 from m2mwire.options import parse_url, valid_options
-from m2mwire.schemas.messages import Capabilities, Decoded, MessageType, ResumeCaps, decode_message
+from m2mwire.schemas.messages import (
+    Capabilities,
+    Decoded,
+    MessageType,
+    ResumeCaps,
+    decode_message,
+    encode_message,
+)
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, Timers
 from m2mwire.shell.resume_routes import DEFAULT_RESUME_WINDOW, ResumeRoutes
 from m2mwire.transport.base import Channel, Message, RoutedChannel, TransportConfig
@@ -63,15 +71,20 @@ def _accepted_session(message: Message, text: bool) -> str | None:
 
 
 def _control(message: Message, text: bool, kind: MessageType) -> Decoded | None:
-    """``message`` parsed, when it is a control message of ``kind``. One parse of at most a control
-    message's size per relay and direction (a larger HELLO or ACCEPT is refused end to end anyway)."""
+    """``message`` parsed, when it is a control message of ``kind``."""
+    decoded = _parsed(message, text)
+    return decoded if decoded is not None and decoded.type is kind else None
+
+
+def _parsed(message: Message, text: bool) -> Decoded | None:
+    """``message`` parsed, when it is a text message of at most a control message's size: one parse
+    per message the gateway looks at (a larger HELLO or ACCEPT is refused end to end anyway)."""
     if not text or len(message) > CONTROL_MESSAGE_LIMIT:
         return None
     try:
-        decoded = decode_message(message)
+        return decode_message(message)
     except M2MError:
         return None
-    return decoded if decoded.type is kind else None
 
 
 class Gateway(Listening):
@@ -124,14 +137,20 @@ class Gateway(Listening):
         ended = False
         try:
             outward = _Pipe(edge)
+
+            async def pong(ping: Decoded) -> None:
+                await edge.send(encode_message(MessageType.PONG, session_id=ping.session_id), True)
+
             try:
-                first = await asyncio.wait_for(outward.first(), self._hello_timeout)
+                hello = await asyncio.wait_for(outward.opening(pong), self._hello_timeout)
             except TimeoutError:
                 await _close_quietly(edge, 1008, f"no HELLO within {self._hello_timeout:g} s")
                 return
-            if first is None:
-                return  # gone before saying anything
-            resumes = _resumed_session(*first)
+            except TransportError:
+                return  # gone while its PINGs were answered
+            if hello is None:
+                return  # gone before saying anything but PINGs
+            resumes = _resumed_session(*hello)
             route = self.routes.find(resumes) if resumes is not None else None
             inner = await self._open(edge, route)
             if inner is None:
@@ -145,7 +164,12 @@ class Gateway(Listening):
                     accepted.append(session_id)
                     self.routes.attach(session_id, route, task)
 
-            ended = await _pipe_both(outward, _Pipe(inner, on_first_answer), edge, inner)
+            answers = _Pipe(inner, on_first_answer)
+            await _pipe_both(outward, answers, edge, inner)
+            # The session is over once a CLOSE passed either way (it cannot be resumed then:
+            # PROTOCOL.md §9): its route is forgotten. Any other end, a close frame included,
+            # leaves the session detached on the worker, as on a direct server: the route stays.
+            ended = outward.closed_session() or answers.closed_session()
         finally:
             edge.abort()  # idempotent: a no-op on a channel that closed in order
             if inner is not None:
@@ -215,14 +239,12 @@ async def _close_quietly(channel: Channel, code: int, reason: str) -> None:
             await channel.close(code, reason)
 
 
-async def _pipe_both(one: _Pipe, two: _Pipe, a: Channel, b: Channel) -> bool:
+async def _pipe_both(one: _Pipe, two: _Pipe, a: Channel, b: Channel) -> None:
     """Relay ``one`` (from ``a``) to ``b`` and ``two`` (from ``b``) to ``a`` until either side
-    ends, then end the other the same way (orderly or not); True when it ended in order."""
+    ends, then end the other the same way (orderly or not)."""
     tasks = (asyncio.create_task(one.run(b)), asyncio.create_task(two.run(a)))
     try:
-        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
-        # In order only when the side that ended first closed in order (a failure is not).
-        return all(not task.cancelled() and task.exception() is None and task.result() for task in done)
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
     finally:
         for task in tasks:
             task.cancel()
@@ -254,6 +276,7 @@ class _Pipe:
         self._src = src
         self._on_first = on_first
         self._queue: deque[tuple[Message, bool]] = deque()
+        self._last: tuple[Message, bool] | None = None  # the last message relayed, if small text
         self._ended: list[TransportError] = []
         self._wake = asyncio.Event()
         self._paused = False
@@ -273,27 +296,50 @@ class _Pipe:
         self._ended.append(exc)
         self._wake.set()
 
-    async def first(self) -> tuple[Message, bool] | None:
-        """The first message (left in the queue), or None when ``src`` ended without one."""
-        while not self._queue and not self._ended:
-            self._wake.clear()
-            await self._wake.wait()
-        return self._queue[0] if self._queue else None
-
-    async def run(self, dst: Channel) -> bool:
-        """Hand every message to ``dst``; end ``dst`` the way ``src`` ended (True: in order)."""
+    async def opening(self, answer_ping: Callable[[Decoded], Awaitable[None]]) -> tuple[Message, bool] | None:
+        """The first message that is not a PING or PONG (left in the queue), or None when ``src``
+        ended before one. A server answers PINGs before a HELLO (the state table expects them),
+        but the gateway routes by the HELLO, so it answers those PINGs itself (``answer_ping``)
+        and drops them, and PONGs: the worker, reached after the HELLO, never sees them."""
         queue = self._queue
         while True:
             while queue:
-                message, text = queue.popleft()
-                if self._paused and len(queue) <= _RELAY_QUEUE // 2:
-                    self._paused = False
-                    self._src.resume_reading()
+                decoded = _parsed(*queue[0])
+                if decoded is None or decoded.type not in (MessageType.PING, MessageType.PONG):
+                    return queue[0]
+                self._take()
+                if decoded.type is MessageType.PING:
+                    await answer_ping(decoded)
+            if self._ended:
+                return None
+            self._wake.clear()
+            await self._wake.wait()
+
+    def _take(self) -> tuple[Message, bool]:
+        item = self._queue.popleft()
+        if self._paused and len(self._queue) <= _RELAY_QUEUE // 2:
+            self._paused = False
+            self._src.resume_reading()
+        return item
+
+    def closed_session(self) -> bool:
+        """The last message relayed was a CLOSE (nothing follows a CLOSE of ours, and a session
+        that is closing is not resumed): one parse per relay."""
+        return self._last is not None and _control(*self._last, MessageType.CLOSE) is not None
+
+    async def run(self, dst: Channel) -> None:
+        """Hand every message to ``dst``; end ``dst`` the way ``src`` ended."""
+        queue = self._queue
+        while True:
+            while queue:
+                message, text = self._take()
                 try:
                     await dst.send(message, text)
                 except TransportError:
                     self._src.abort()
-                    return False
+                    return
+                # Kept only when it could be a CLOSE, so that no large message stays referenced.
+                self._last = (message, text) if text and len(message) <= CONTROL_MESSAGE_LIMIT else None
             if self._ended:
                 end = self._ended[0]
                 # A close frame stays a close frame for the far peer, with its code and reason (a
@@ -303,7 +349,7 @@ class _Pipe:
                     await _close_quietly(dst, end.code or 1000, end.reason or "")
                 else:
                     dst.abort()
-                return end.clean
+                return
             self._wake.clear()
             if not queue and not self._ended:
                 await self._wake.wait()

@@ -23,7 +23,7 @@ class ResumeRoutes:
     the route that channel's OPEN_OK named: a client can neither add an entry nor choose a route,
     only name a session id in its resuming HELLO (and the worker checks the token). *Live*
     entries belong to a running relay (one per relay, so as many as the relays); when a relay ends
-    without an orderly close its entry becomes *detached* for ``window`` seconds (the workers'
+    before a CLOSE passed its entry becomes *detached* for ``window`` seconds (the workers'
     ``resume_window``), at most ``limit`` of them, the oldest forgotten first.
     """
 
@@ -48,6 +48,10 @@ class ResumeRoutes:
         detached = self._detached.get(session_id)
         return detached[0] if detached is not None else None
 
+    def lost(self, session_id: str) -> bool:
+        """The session's relay ended without its CLOSE: its route is kept for a resume."""
+        return session_id not in self._live and self.find(session_id) is not None
+
     def attach(self, session_id: str, route: str, relay: object) -> None:
         """``relay`` carries the session now (a resumed session's new relay takes over)."""
         self._live[session_id] = (route, relay)
@@ -55,7 +59,7 @@ class ResumeRoutes:
 
     def detach(self, session_id: str, relay: object, *, ended: bool) -> None:
         """``relay`` stopped carrying the session: lost (kept ``window`` seconds for a resume) or
-        ``ended`` in order (forgotten)."""
+        ``ended`` (a CLOSE passed: forgotten)."""
         live = self._live.get(session_id)
         if live is not None and live[1] is relay:
             del self._live[session_id]
