@@ -361,3 +361,35 @@ async def test_a_frame_too_short_is_named_in_protocol_terms(small_nats: LocalNat
     finally:
         listener.close()
         await listener.wait_closed()
+
+
+async def test_no_responders_statuses_that_no_probe_asked_for_do_not_end_a_session(
+    nats_server: LocalNatsServer,
+) -> None:
+    """Anyone who may publish to a session's subject (its peer, or a client where clients share
+    ``_INBOX.>``) can send headers-only ``Status: 503`` messages, what nats-server answers a probe
+    with when nothing listens. Counted as they came, three ended the session at once, with the
+    error "gone for 3 liveness probes 0.2 s apart". Now only the answer to a probe sent in the
+    current liveness tick counts: a live, answering peer keeps the session."""
+    url = service(nats_server)
+    async with m2mwire.serve(echo, url):
+        session = await m2mwire.connect(url, probe_interval=0.2)
+        try:
+            subject = session._channel.in_subject
+            rogue = await nats.connect(nats_server.url)
+            try:
+                for _ in range(3):  # spread over 3 ticks, then a burst: 13 in all
+                    await rogue.publish(subject, b"", headers={"Status": "503"})
+                    await rogue.flush()
+                    assert await round_trip(session, "alive") == "alive"
+                    await asyncio.sleep(0.2)
+                for _ in range(10):
+                    await rogue.publish(subject, b"", headers={"Status": "503"})
+                await rogue.flush()
+                await asyncio.sleep(0.3)
+            finally:
+                await rogue.close()
+            assert session.close_event is None
+            assert await round_trip(session, "still") == "still"
+        finally:
+            await session.close()

@@ -129,6 +129,12 @@ class NatsChannel:
         self._probe_interval = probe_interval
         self._probe_handle: asyncio.TimerHandle | None = None
         self._missed_probes = 0
+        # A probe was sent this liveness tick and not answered yet: only that answer counts, one
+        # per tick. Anyone who may publish to our subject (the peer, or a client where clients
+        # share _INBOX.>) can send a headers-only "Status: 503" message; counted as they came,
+        # three ended a session at once as "gone for 3 probes 5 s apart". nats-server answers a
+        # probe within a round trip, far inside the tick.
+        self._probe_waiting = False
         self._heard = False  # anything heard from the peer since the last liveness tick
         self.owns_bus = False  # a client channel holds its own reference to the shared connection
         self.resume_route: str | None = None  # client: the worker's own subject (RoutedChannel)
@@ -341,6 +347,10 @@ class NatsChannel:
             self._process(data)
 
     def on_no_responders(self) -> None:
+        if not self._probe_waiting:  # not the answer to a probe of ours
+            log.debug("NATS channel %s: a 'no responders' status no probe asked for", self.in_subject)
+            return
+        self._probe_waiting = False
         self._missed_probes += 1
         if self._missed_probes >= _MISSED_PROBES:
             self._fail(
@@ -636,6 +646,7 @@ class NatsChannel:
         self._probe_handle = None
         if self.lost is not None:
             return
+        self._probe_waiting = False  # the last tick's probe reached the peer, or is too late
         # A flag, not a timestamp per message: the clock read cost every message a call.
         if not self._heard:
             task = self._loop.create_task(self._send_probe())
@@ -646,8 +657,10 @@ class NatsChannel:
 
     async def _send_probe(self) -> None:
         try:
+            self._probe_waiting = True  # before the publish: nats-server may answer at once
             await self._nc.publish(self._out, f.HEADER.pack(f.PROBE, 0), reply=self.in_subject)
         except (NatsError, OSError) as exc:
+            self._probe_waiting = False  # no answer will come
             log.debug("NATS liveness probe not sent: %s", exc)
 
     def _fail(self, error: TransportError) -> None:
