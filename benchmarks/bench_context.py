@@ -21,7 +21,7 @@ and per-message traffic with no repetition (the worst case for a context).
    and session layers alone (a sans-I/O pair in this process, hot caches): what zstd adds per
    round trip, the part of the RTT this project's Python controls.
 
-    .venv/bin/python benchmarks/bench_context.py [--quick]
+    .venv/bin/python benchmarks/bench_context.py [--quick] [--rtt-only ws|quic]
 """
 
 from __future__ import annotations
@@ -409,7 +409,7 @@ async def _rtt(
     return p50["zstd"] / p50["none"]
 
 
-def rtt_section(rounds: int) -> dict[str, float]:
+def rtt_section(rounds: int, schemes: tuple[str, ...] = ("ws", "quic")) -> dict[str, float]:
     print(
         "== 5. Round trip of 1 KB text messages (server in its own process), p50, agent-like and novel "
         "text;\n"
@@ -417,7 +417,7 @@ def rtt_section(rounds: int) -> dict[str, float]:
     )
     out: dict[str, float] = {}
     ctx = mp.get_context("spawn")
-    for scheme in ("ws", "quic"):
+    for scheme in schemes:
         q = ctx.Queue()
         proc = ctx.Process(target=_serve, args=(scheme, q), daemon=True)
         proc.start()
@@ -482,11 +482,17 @@ def echo_cpu_section() -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true", help="fewer sessions and round trips")
+    parser.add_argument(
+        "--rtt-only", choices=("ws", "quic"), help="only section 5 (round trips), over this transport"
+    )
     parser.add_argument("--memory-child", nargs=3, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
         algorithm, sessions, name = args.memory_child
         memory_child(algorithm, int(sessions), name)
+        return
+    if args.rtt_only:
+        rtt_section(4 if args.quick else 20, (args.rtt_only,))
         return
     results = wire_table(list(WORKLOADS))
     where_bytes_go()

@@ -11,11 +11,15 @@ touching 8 MiB of other memory between two messages, over the benchmark's 1 KB m
 every time). The session itself takes levels 1-19 (``zstd={"level": N}``); negative levels are
 shown to say whether zstd's fastest mode would change the picture.
 
-    .venv/bin/python benchmarks/zstd_cold_calls.py
+    .venv/bin/python benchmarks/zstd_cold_calls.py [--tables]
+
+``--tables`` measures level 3 with smaller match-finder tables than the session's (hash log 15,
+chain log 14): what a cold call saves against the bytes it costs.
 """
 
 from __future__ import annotations
 
+import argparse
 import statistics
 import time
 
@@ -34,10 +38,24 @@ def _evict() -> None:
         flush[i] = 1
 
 
-def per_call(messages: list[bytes], level: int, cold: bool) -> tuple[float, float, float]:
+def per_call(
+    messages: list[bytes], level: int, cold: bool, tables: tuple[int, int] | None = None
+) -> tuple[float, float, float]:
     """Median µs to compress and to decompress one message in one context per direction, and the
-    mean compressed bytes, over every second message after 100 (the others warm the history)."""
-    compressor = zstandard.ZstdCompressor(compression_params=_parameters(level, DEFAULT_WINDOW)).compressobj()
+    mean compressed bytes, over every second message after 100 (the others warm the history).
+    ``tables``: (hash log, chain log) in place of the session's."""
+    params = _parameters(level, DEFAULT_WINDOW)
+    if tables is not None:
+        params = zstandard.ZstdCompressionParameters.from_level(
+            level,
+            window_log=params.window_log,
+            hash_log=tables[0],
+            chain_log=tables[1],
+            write_checksum=0,
+            write_content_size=0,
+            write_dict_id=0,
+        )
+    compressor = zstandard.ZstdCompressor(compression_params=params).compressobj()
     decompressor = zstandard.ZstdDecompressor(max_window_size=DEFAULT_WINDOW).decompressobj()
     c_times, d_times, sizes = [], [], []
     for i, message in enumerate(messages):
@@ -57,7 +75,25 @@ def per_call(messages: list[bytes], level: int, cold: bool) -> tuple[float, floa
     return statistics.median(c_times) / 1e3, statistics.median(d_times) / 1e3, statistics.mean(sizes)
 
 
+def tables_sweep() -> None:
+    print("level 3, one context per direction, 1 KB messages; median µs per call, by table size")
+    cells = ("hot c", "hot d", "cold c", "cold d")
+    print(f"{'messages':8} {'hash':>4} {'chain':>5} " + " ".join(f"{c:>7}" for c in cells) + f" {'bytes':>6}")
+    for kind in ("agent", "novel"):
+        messages = [m.encode() for m in rtt_messages(kind, 600)]
+        for tables in ((15, 14), (13, 12), (12, 11)):
+            hot_c, hot_d, size = per_call(messages, 3, cold=False, tables=tables)
+            cold_c, cold_d, _ = per_call(messages, 3, cold=True, tables=tables)
+            times = " ".join(f"{t:7.1f}" for t in (hot_c, hot_d, cold_c, cold_d))
+            print(f"{kind:8} {tables[0]:4} {tables[1]:5} {times} {size:6.0f}")
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--tables", action="store_true", help="level 3 with smaller match-finder tables")
+    if parser.parse_args().tables:
+        tables_sweep()
+        return
     print("one zstd context per direction, 1 KB messages; median µs per call (compress / decompress)")
     print(f"{'messages':8} {'level':>5} {'hot c':>7} {'hot d':>7} {'cold c':>7} {'cold d':>7} {'bytes':>6}")
     for kind in ("agent", "novel"):
