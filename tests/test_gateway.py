@@ -148,20 +148,31 @@ async def test_a_resume_through_the_gateway_still_needs_the_token(nats_server: L
         assert info.value.code == "RESUME_REFUSED"
 
 
-@pytest.mark.parametrize("ping", [True, False], ids=["ping first", "hello first"])
+# What a client may send before its resuming HELLO, and what a direct server answers to it.
+BEFORE_HELLO = {
+    "hello first": (None, None),
+    "ping first": (encode_message(MessageType.PING).decode(), MessageType.PONG),
+    "ack first": ('{"type":"ACK","payload":{"received":0}}', None),  # ignored before a session
+    "unknown type first": ('{"type":"HINT","payload":{}}', None),  # ignored: a later version's
+}
+
+
+@pytest.mark.parametrize("before", list(BEFORE_HELLO))
 @pytest.mark.parametrize("lost", ["cut", "close frame"])
 async def test_a_resume_through_the_gateway_reaches_the_worker_as_it_would_a_direct_server(
-    nats_server: LocalNatsServer, ping: bool, lost: str
+    nats_server: LocalNatsServer, before: str, lost: str
 ) -> None:
-    """Two ways a resume that a direct server honours went through the queue group to worker B,
+    """Ways a resume that a direct server honours went through the queue group to worker B,
     which could only refuse it (RESUME_UNKNOWN):
-    - a PING before the resuming HELLO: a server answers PINGs before a HELLO (the state table
-      expects them), but the gateway routed a connection by its first message;
+    - a PING, an ACK or a message of unknown type before the resuming HELLO: a server answers
+      the PING and ignores the others before a HELLO, but the gateway routed a connection by
+      its first message;
     - a connection that ended with a close frame but no CLOSE: the worker keeps such a session
       for a resume, as a direct server does, but the gateway took the clean end for the
       session's and forgot its worker. It now forgets it once a CLOSE passed.
     The client is a sans-I/O session core over a raw WebSocket, so that the test says exactly
     which messages go out, in which order."""
+    first, answered = BEFORE_HELLO[before]
     url = f"{nats_server.url}/test.{uuid.uuid4().hex}"
     client = SessionProtocol(Role.CLIENT, SessionConfig(identity=IDENT, resume=True))
     client.initiate(0.0)
@@ -192,14 +203,69 @@ async def test_a_resume_through_the_gateway_reaches_the_worker_as_it_would_a_dir
                 (resuming,) = client.data_to_send()
                 assert isinstance(resuming, SendMessage)
                 async with ws_connect(gw.url) as ws:
-                    if ping:
-                        await ws.send(encode_message(MessageType.PING).decode())
-                        pong = decode_message(await asyncio.wait_for(ws.recv(), 10))
-                        assert pong.type is MessageType.PONG
+                    if first is not None:
+                        await ws.send(first)
+                    if answered is not None:
+                        assert decode_message(await asyncio.wait_for(ws.recv(), 10)).type is answered
                     await ws.send(resuming.message.decode())
                     answer = decode_message(await asyncio.wait_for(ws.recv(), 10))
     assert answer.type is MessageType.ACCEPT, answer.payload
     assert answer.session_id == sid
+
+
+async def test_the_workers_accept_is_found_behind_its_answers_to_pings(nats_server: LocalNatsServer) -> None:
+    """A client that PINGs right after its HELLO, to a worker whose admission check takes a
+    moment, gets the PONG before the ACCEPT. The gateway learnt a session's worker only from the
+    worker's first answer, so it kept no route and a later resume went to the queue group."""
+    url = f"{nats_server.url}/test.{uuid.uuid4().hex}"
+
+    async def slow_admission(_hello: object) -> None:
+        await asyncio.sleep(0.2)
+
+    client = SessionProtocol(Role.CLIENT, SessionConfig(identity=IDENT, resume=True))
+    client.initiate(0.0)
+    (hello,) = client.data_to_send()
+    assert isinstance(hello, SendMessage)
+    async with m2mwire.serve(echo, url, identity=IDENT, on_hello=slow_admission):
+        async with m2mwire.gateway("ws://127.0.0.1:0", url) as gw, ws_connect(gw.url) as ws:
+            await ws.send(hello.message.decode())
+            await ws.send(encode_message(MessageType.PING).decode())
+            answers = [decode_message(await asyncio.wait_for(ws.recv(), 10)) for _ in range(2)]
+            assert [a.type for a in answers] == [MessageType.PONG, MessageType.ACCEPT]
+            sid = answers[1].session_id
+            assert sid is not None and gw.routes.find(sid) is not None
+
+
+async def test_a_session_whose_close_passed_is_forgotten_whatever_followed(
+    nats_server: LocalNatsServer,
+) -> None:
+    """A session that a CLOSE passed in cannot be resumed (§9), so the gateway forgets its worker.
+    It looked only at the last message each way, so a PING after the CLOSE kept the route (the
+    worker's handler does not read, so the worker's last message is the PONG, not a CLOSE)."""
+    url = f"{nats_server.url}/test.{uuid.uuid4().hex}"
+
+    async def idle(_session: Session) -> None:
+        await asyncio.sleep(30)  # cancelled when the server stops
+
+    client = SessionProtocol(Role.CLIENT, SessionConfig(identity=IDENT, resume=True))
+    client.initiate(0.0)
+    (hello,) = client.data_to_send()
+    assert isinstance(hello, SendMessage)
+    async with m2mwire.serve(idle, url, identity=IDENT), m2mwire.gateway("ws://127.0.0.1:0", url) as gw:
+        async with ws_connect(gw.url) as ws:
+            await ws.send(hello.message.decode())
+            sid = decode_message(await asyncio.wait_for(ws.recv(), 10)).session_id
+            assert sid is not None and gw.routes.find(sid) is not None
+            await ws.send(encode_message(MessageType.CLOSE, session_id=sid).decode())
+            await ws.send(encode_message(MessageType.PING, session_id=sid).decode())
+            pong = decode_message(await asyncio.wait_for(ws.recv(), 10))
+            assert pong.type is MessageType.PONG  # both relayed; no CLOSE came back
+            ws.transport.abort()
+        for _ in range(200):
+            if gw.routes.find(sid) is None:
+                break
+            await asyncio.sleep(0.01)
+        assert gw.routes.find(sid) is None and not gw.routes.lost(sid)
 
 
 @pytest.mark.parametrize("pings", [0, 40])
@@ -227,11 +293,16 @@ async def test_a_connection_that_sends_no_hello_is_closed(nats_server: LocalNats
 
 
 @pytest.mark.parametrize(
-    ("first", "reason"),
-    [(b"\x00\x01", "BINARY_BEFORE_ACCEPT"), ("not json", "MALFORMED_MESSAGE")],
+    ("first", "text", "reason", "code"),
+    [
+        (b"\x00\x01", False, "BINARY_BEFORE_ACCEPT", 1002),
+        (b"not json", True, "MALFORMED_MESSAGE", 1002),
+        # a PING the gateway would answer itself were it valid UTF-8: the worker refuses it
+        (b'{"type":"PING","payload":{"x":"\xff"}}', True, "MALFORMED_MESSAGE", 1007),
+    ],
 )
 async def test_a_violation_closes_through_the_gateway_as_a_direct_server_closes_it(
-    nats_server: LocalNatsServer, first: bytes | str, reason: str
+    nats_server: LocalNatsServer, first: bytes, text: bool, reason: str, code: int
 ) -> None:
     """A clean-room client got the worker's REJECT through the gateway, then a cut connection
     (1006), where a direct server closes 1002 with the code as reason: the worker's channel CLOSE
@@ -240,13 +311,13 @@ async def test_a_violation_closes_through_the_gateway_as_a_direct_server_closes_
     url = f"{nats_server.url}/test.{uuid.uuid4().hex}"
     async with m2mwire.serve(echo, url), m2mwire.gateway("ws://127.0.0.1:0", url) as gw:
         async with ws_connect(gw.url) as ws:
-            await ws.send(first)
+            await ws.send(first, text=text)
             reject = await asyncio.wait_for(ws.recv(), 10)
             assert '"REJECT"' in str(reject) and reason in str(reject)
             with pytest.raises(ConnectionClosed) as info:
                 await asyncio.wait_for(ws.recv(), 10)
         assert info.value.rcvd is not None, "the connection was cut without a close frame"
-        assert (info.value.rcvd.code, info.value.rcvd.reason) == (1002, reason)
+        assert (info.value.rcvd.code, info.value.rcvd.reason) == (code, reason)
 
 
 # -- the gateway's memory of routes is bounded ----------------------------------------------------

@@ -9,10 +9,11 @@ before the next is taken, and the sides' own flow control (TCP, QUIC, NATS credi
 Resuming through the gateway: a NATS client resumes a session on the worker that holds it (the
 channel's resume route, docs/PROTOCOL.md §5a "Resuming"), but a WebSocket/QUIC client only knows
 the gateway's URL. So the gateway reads two messages of each relay, the client's HELLO (its first
-message, but for PINGs, which the gateway answers itself as a server would, and PONGs) and the
-worker's first (ACCEPT), and remembers which worker accepted each resumable session
-(:class:`~m2mwire.shell.resume_routes.ResumeRoutes`); a new connection whose HELLO resumes a session
-it remembers is opened to that worker. The token is still checked by the worker, end to end.
+message but for PINGs, which the gateway answers itself as a server would, and what a server
+ignores before a HELLO) and the worker's ACCEPT (its first answer but for PONGs), and remembers
+which worker accepted each resumable session (:class:`~m2mwire.shell.resume_routes.ResumeRoutes`);
+a new connection whose HELLO resumes a session it remembers is opened to that worker. The token is
+still checked by the worker, end to end.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from m2mwire.codecs.limits import MiB
+from m2mwire.codecs.utf8 import check_utf8
 from m2mwire.errors import ConfigError, M2MError, ResumeImpossible, TransportError
 from m2mwire.lifecycle import Listening
 from m2mwire.options import parse_url, valid_options
@@ -50,38 +52,48 @@ _TRANSPORT_OPTIONS = frozenset({"certfile", "keyfile", "cert_dir", "ssl", "idle_
 _LISTEN_OPTIONS = _TRANSPORT_OPTIONS | {"max_payload", "open_timeout", "hello_timeout", "resume_window"}
 
 
-def _resumed_session(message: Message, text: bool) -> str | None:
-    """The session id that a client's first message asks to resume, when it is a resuming HELLO."""
-    decoded = _control(message, text, MessageType.HELLO)
-    caps = decoded.payload if decoded is not None else None
-    return (
-        caps.resume.session_id
-        if isinstance(caps, Capabilities) and isinstance(caps.resume, ResumeCaps)
-        else None
-    )
+# What a server ignores before a HELLO (docs/PROTOCOL.md §3; a PING it answers): the gateway
+# looks past these for the client's HELLO, and past PINGs and PONGs for the worker's ACCEPT.
+_IGNORED_BEFORE_HELLO = frozenset({MessageType.PONG, MessageType.ACK, None})  # None: an unknown type
+_KEEPALIVE = frozenset({MessageType.PING, MessageType.PONG})
+# A CLOSE as m2mwire writes one: the pre-filter of _Pipe's check for the end of the session. A CLOSE
+# spelled with JSON escapes is missed, and its route only stays until resume_window, as a lost one.
+_CLOSE_TYPE = b'"CLOSE"'
+_CLOSE_MAX = 4096  # bytes; ours are under 1 KB (reasons are cut to 200 characters)
 
 
-def _accepted_session(message: Message, text: bool) -> str | None:
-    """The session id of a worker's first message, when it is an ACCEPT granting (or honouring) resume."""
-    decoded = _control(message, text, MessageType.ACCEPT)
-    caps = decoded.payload if decoded is not None else None
-    if isinstance(caps, Capabilities) and isinstance(caps.resume, ResumeCaps) and decoded is not None:
+def _resumed_session(decoded: Decoded) -> str | None:
+    """The session id a client's HELLO asks to resume, when it is a resuming HELLO."""
+    caps = decoded.payload
+    if (
+        decoded.type is MessageType.HELLO
+        and isinstance(caps, Capabilities)
+        and isinstance(caps.resume, ResumeCaps)
+    ):
+        return caps.resume.session_id
+    return None
+
+
+def _accepted_session(decoded: Decoded) -> str | None:
+    """The session id of a worker's ACCEPT granting (or honouring) resume."""
+    caps = decoded.payload
+    if (
+        decoded.type is MessageType.ACCEPT
+        and isinstance(caps, Capabilities)
+        and isinstance(caps.resume, ResumeCaps)
+    ):
         return decoded.session_id
     return None
 
 
-def _control(message: Message, text: bool, kind: MessageType) -> Decoded | None:
-    """``message`` parsed, when it is a control message of ``kind``."""
-    decoded = _parsed(message, text)
-    return decoded if decoded is not None and decoded.type is kind else None
-
-
 def _parsed(message: Message, text: bool) -> Decoded | None:
-    """``message`` parsed, when it is a text message of at most a control message's size: one parse
-    per message the gateway looks at (a larger HELLO or ACCEPT is refused end to end anyway)."""
+    """``message`` parsed, when it is valid UTF-8 text of at most a control message's size (a
+    larger HELLO or ACCEPT is refused end to end anyway; anything else goes on to the far end,
+    which answers it as a direct peer would)."""
     if not text or len(message) > CONTROL_MESSAGE_LIMIT:
         return None
     try:
+        check_utf8(message)
         return decode_message(message)
     except M2MError:
         return None
@@ -150,26 +162,33 @@ class Gateway(Listening):
                 return  # gone while its PINGs were answered
             if hello is None:
                 return  # gone before saying anything but PINGs
-            resumes = _resumed_session(*hello)
+            decoded = _parsed(*hello)
+            resumes = _resumed_session(decoded) if decoded is not None else None
             route = self.routes.find(resumes) if resumes is not None else None
             inner = await self._open(edge, route)
             if inner is None:
                 return
             bound = inner  # for the closure: the channel whose route the worker's ACCEPT confirms
 
-            def on_first_answer(message: Message, text: bool) -> None:
-                session_id = _accepted_session(message, text)
+            def watch_answer(message: Message, text: bool) -> bool:
+                """The worker's first answer but for PONGs (to PINGs the client sent after its
+                HELLO, which a worker may answer before its ACCEPT while admission runs)."""
+                decoded = _parsed(message, text)
+                if decoded is not None and decoded.type in _KEEPALIVE:
+                    return False  # look at the next one
+                session_id = _accepted_session(decoded) if decoded is not None else None
                 route = bound.resume_route if isinstance(bound, RoutedChannel) else None
                 if session_id is not None and route is not None:
                     accepted.append(session_id)
                     self.routes.attach(session_id, route, task)
+                return True
 
-            answers = _Pipe(inner, on_first_answer)
+            answers = _Pipe(inner, watch_answer)
             await _pipe_both(outward, answers, edge, inner)
             # The session is over once a CLOSE passed either way (it cannot be resumed then:
             # PROTOCOL.md §9): its route is forgotten. Any other end, a close frame included,
             # leaves the session detached on the worker, as on a direct server: the route stays.
-            ended = outward.closed_session() or answers.closed_session()
+            ended = outward.closed or answers.closed
         finally:
             edge.abort()  # idempotent: a no-op on a channel that closed in order
             if inner is not None:
@@ -270,22 +289,21 @@ class _Pipe:
     """One direction of a relay: the messages of ``src`` in order, as (message, text), relayed as
     they came (a text message's UTF-8 is the endpoint's to check). Channels deliver from their
     socket callback; pausing them at a small queue keeps what the gateway holds per direction
-    bounded. ``on_first`` sees the first message before it is queued."""
+    bounded. ``watch`` sees each message before it is queued until it returns True."""
 
-    def __init__(self, src: Channel, on_first: Callable[[Message, bool], None] | None = None) -> None:
+    def __init__(self, src: Channel, watch: Callable[[Message, bool], bool] | None = None) -> None:
         self._src = src
-        self._on_first = on_first
+        self._watch = watch
         self._queue: deque[tuple[Message, bool]] = deque()
-        self._last: tuple[Message, bool] | None = None  # the last message relayed, if small text
+        self.closed = False  # a CLOSE was relayed: the session is over
         self._ended: list[TransportError] = []
         self._wake = asyncio.Event()
         self._paused = False
         src.start_push(self._on_message, self._on_lost)  # last: it may deliver at once
 
     def _on_message(self, message: Message, text: bool) -> None:
-        if self._on_first is not None:
-            look, self._on_first = self._on_first, None
-            look(message, text)
+        if self._watch is not None and self._watch(message, text):
+            self._watch = None
         self._queue.append((message, text))
         if len(self._queue) >= _RELAY_QUEUE and not self._paused:
             self._paused = True
@@ -297,15 +315,17 @@ class _Pipe:
         self._wake.set()
 
     async def opening(self, answer_ping: Callable[[Decoded], Awaitable[None]]) -> tuple[Message, bool] | None:
-        """The first message that is not a PING or PONG (left in the queue), or None when ``src``
-        ended before one. A server answers PINGs before a HELLO (the state table expects them),
-        but the gateway routes by the HELLO, so it answers those PINGs itself (``answer_ping``)
-        and drops them, and PONGs: the worker, reached after the HELLO, never sees them."""
+        """The first message that a server would not ignore or answer with a PONG before a HELLO
+        (left in the queue), or None when ``src`` ended before one. The gateway routes by the
+        HELLO, so it answers those PINGs itself (``answer_ping``) and drops them, and what a
+        server ignores (PONG, ACK, an unknown type): the worker, reached after, never sees them."""
         queue = self._queue
         while True:
             while queue:
                 decoded = _parsed(*queue[0])
-                if decoded is None or decoded.type not in (MessageType.PING, MessageType.PONG):
+                if decoded is None or not (
+                    decoded.type is MessageType.PING or decoded.type in _IGNORED_BEFORE_HELLO
+                ):
                     return queue[0]
                 self._take()
                 if decoded.type is MessageType.PING:
@@ -322,10 +342,13 @@ class _Pipe:
             self._src.resume_reading()
         return item
 
-    def closed_session(self) -> bool:
-        """The last message relayed was a CLOSE (nothing follows a CLOSE of ours, and a session
-        that is closing is not resumed): one parse per relay."""
-        return self._last is not None and _control(*self._last, MessageType.CLOSE) is not None
+    def _see_close(self, message: Message) -> None:
+        """Set ``closed`` if ``message`` (small text) is a CLOSE: a substring test first, so that
+        only a likely CLOSE is parsed."""
+        data = message if type(message) is bytes else bytes(message)
+        if _CLOSE_TYPE in data:
+            decoded = _parsed(data, True)
+            self.closed = decoded is not None and decoded.type is MessageType.CLOSE
 
     async def run(self, dst: Channel) -> None:
         """Hand every message to ``dst``; end ``dst`` the way ``src`` ended."""
@@ -338,8 +361,8 @@ class _Pipe:
                 except TransportError:
                     self._src.abort()
                     return
-                # Kept only when it could be a CLOSE, so that no large message stays referenced.
-                self._last = (message, text) if text and len(message) <= CONTROL_MESSAGE_LIMIT else None
+                if text and not self.closed and len(message) <= _CLOSE_MAX:
+                    self._see_close(message)
             if self._ended:
                 end = self._ended[0]
                 # A close frame stays a close frame for the far peer, with its code and reason (a
