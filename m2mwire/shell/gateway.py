@@ -62,28 +62,11 @@ _CLOSE_TYPE = b'"CLOSE"'
 _CLOSE_MAX = 4096  # bytes; ours are under 1 KB (reasons are cut to 200 characters)
 
 
-def _resumed_session(decoded: Decoded) -> str | None:
-    """The session id a client's HELLO asks to resume, when it is a resuming HELLO."""
-    caps = decoded.payload
-    if (
-        decoded.type is MessageType.HELLO
-        and isinstance(caps, Capabilities)
-        and isinstance(caps.resume, ResumeCaps)
-    ):
-        return caps.resume.session_id
-    return None
-
-
-def _accepted_session(decoded: Decoded) -> str | None:
-    """The session id of a worker's ACCEPT granting (or honouring) resume."""
-    caps = decoded.payload
-    if (
-        decoded.type is MessageType.ACCEPT
-        and isinstance(caps, Capabilities)
-        and isinstance(caps.resume, ResumeCaps)
-    ):
-        return decoded.session_id
-    return None
+def _resume_of(decoded: Decoded | None, kind: MessageType) -> ResumeCaps | None:
+    """The ``resume`` capabilities of a ``kind`` message (a resuming HELLO; an ACCEPT granting or
+    honouring resume), else None."""
+    caps = decoded.payload if decoded is not None and decoded.type is kind else None
+    return caps.resume if isinstance(caps, Capabilities) and isinstance(caps.resume, ResumeCaps) else None
 
 
 def _parsed(message: Message, text: bool) -> Decoded | None:
@@ -162,8 +145,8 @@ class Gateway(Listening):
                 return  # gone while its PINGs were answered
             if hello is None:
                 return  # gone before saying anything but PINGs
-            decoded = _parsed(*hello)
-            resumes = _resumed_session(decoded) if decoded is not None else None
+            asked = _resume_of(_parsed(*hello), MessageType.HELLO)
+            resumes = asked.session_id if asked is not None else None
             route = self.routes.find(resumes) if resumes is not None else None
             inner = await self._open(edge, route)
             if inner is None:
@@ -176,7 +159,8 @@ class Gateway(Listening):
                 decoded = _parsed(message, text)
                 if decoded is not None and decoded.type in _KEEPALIVE:
                     return False  # look at the next one
-                session_id = _accepted_session(decoded) if decoded is not None else None
+                granted = _resume_of(decoded, MessageType.ACCEPT) is not None
+                session_id = decoded.session_id if granted and decoded is not None else None
                 route = bound.resume_route if isinstance(bound, RoutedChannel) else None
                 if session_id is not None and route is not None:
                     accepted.append(session_id)
