@@ -436,7 +436,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--agent-id", help="this agent's id (default: a random UUID)")
     p.add_argument("--algorithms", help="comma-separated, in order of preference (default: all)")
     p.add_argument("--encodings", help="comma-separated tokenizers to offer (default: all installed)")
-    p.add_argument("--max-payload", type=int, metavar="BYTES", help="largest message accepted; 0 = no limit")
+    p.add_argument(
+        "--max-payload",
+        type=int,
+        metavar="BYTES",
+        help="largest message accepted; 0 = announce none (16 MiB still applies)",
+    )
     p.add_argument(
         "--timer",
         action="append",

@@ -207,6 +207,52 @@ async def test_session_survives_a_cut_with_the_same_id_and_nothing_lost() -> Non
             assert session.stats.reconnects == 1 and session.info.session_id == sid
 
 
+async def test_a_connection_lost_right_after_each_resume_backs_off() -> None:
+    """Each resume started a fresh reconnect loop, whose first attempt goes at once: a connection
+    lost right after every resume made the client reconnect back to back (thousands per second on
+    loopback). A loss within max_delay of the last resume now waits the next backoff step; a
+    connection that lived longer than max_delay starts afresh."""
+    policy = Reconnect(initial_delay=0.05, max_delay=0.4, max_elapsed=10.0)
+    async with proxied(echo) as (_server, proxy):
+        async with m2mwire.connect(f"ws://127.0.0.1:{proxy.port}", reconnect=policy) as session:
+            loop = asyncio.get_running_loop()
+
+            async def cut_and_time_the_resume() -> float:
+                resumed = session.stats.reconnects
+                proxy.cut()
+                start = loop.time()
+                async with asyncio.timeout(5):
+                    while session.stats.reconnects == resumed:
+                        await asyncio.sleep(0.002)
+                return loop.time() - start
+
+            flapping = [await cut_and_time_the_resume() for _ in range(6)]
+            # The first cut comes long after connecting: it resumes at once. The next ones wait
+            # steps drawn from [d/2, d], d = 0.05, 0.1, 0.2, 0.4, 0.4: the last two at least 0.2 s.
+            assert min(flapping[-2:]) >= 0.2, flapping
+            await asyncio.sleep(0.5)  # stable for longer than max_delay: the backoff starts afresh
+            assert await cut_and_time_the_resume() < 0.2
+            await session.send("after")
+            assert (await asyncio.wait_for(session.recv(), 5)).text == "after"
+
+
+async def test_a_session_announcing_no_max_payload_takes_large_messages_after_a_resume() -> None:
+    """With max_payload=0 on both sides (none announced: 16 MiB applies), a resumed connection
+    kept the handshake's 64 KiB limit (it was raised only for a non-zero max_payload): a larger
+    message failed it, and the client resumed again and again (~5,000 times in 8 s)."""
+    big = "z" * (200 * 1024)
+    async with proxied(echo, max_payload=0) as (_server, proxy):
+        async with m2mwire.connect(
+            f"ws://127.0.0.1:{proxy.port}", reconnect=FAST, max_payload=0, algorithms=["none"]
+        ) as session:
+            assert session.info.max_payload == 0
+            proxy.cut()
+            async with asyncio.timeout(10):  # the old code never delivered it
+                await session.send(big)
+                assert (await session.recv()).text == big
+            assert session.stats.reconnects == 1
+
+
 async def test_the_connection_a_resume_came_on_is_not_kept_once_handed_over() -> None:
     """The fresh server-side Session a resuming client connects with gives its connection to the
     session it resumes. Its hello timer was armed again right after that hand-over, and the timer

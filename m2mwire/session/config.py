@@ -112,7 +112,8 @@ class SessionConfig:
     algorithms: tuple[Algorithm, ...] = DEFAULT_ALGORITHMS
     encodings: tuple[Encoding, ...] = ()  # empty = every tokenizer installed here
     preferred_encoding: Encoding | None = None  # None = the first of ``encodings``
-    max_payload: int = 16 * MiB  # largest message we accept; 0 = unlimited
+    # The largest message we accept; 0 = announce none (limits.max_message_bytes applies).
+    max_payload: int = 16 * MiB
     identity: ModelIdentity | None = None  # offering one enables latent (AVP) mode
     agent_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     agent_type: str = "m2mwire-python"
@@ -215,7 +216,10 @@ def make_config(options: dict[str, Any]) -> SessionConfig:
         raise ConfigError(f"resume_buffer_bytes= takes a number of bytes above 0, not {buffer!r}")
     max_payload = opts.get("max_payload", 0)
     if isinstance(max_payload, bool) or not isinstance(max_payload, int) or max_payload < 0:
-        raise ConfigError(f"max_payload= takes a number of bytes (0 = unlimited), not {max_payload!r}")
+        raise ConfigError(
+            f"max_payload= takes a number of bytes (0 = announce none: limits.max_message_bytes applies), "
+            f"not {max_payload!r}"
+        )
     for name in ("max_queue", "max_queue_bytes"):
         value = opts.get(name, 1)
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:

@@ -67,7 +67,7 @@ from m2mwire.schemas.messages import (
     encode_message,
 )
 from m2mwire.session.binarytext import BINARY_TEXT_MIN, BinaryText, BinaryTextMessage
-from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, SessionConfig
+from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, SessionConfig, transport_limit
 from m2mwire.session.negotiation import (
     Negotiated,
     Refusal,
@@ -1426,6 +1426,16 @@ class SessionProtocol:
                 history=result.zstd.history,
             )
         self._events.append(Established(self.info))
+
+    @property
+    def channel_limit(self) -> int:
+        """The incoming message limit the channel applies before buffering: control messages only
+        until the session is established, then its payload limit (the negotiated max_payload,
+        or the Limits' max_message_bytes where none was announced: a channel without a limit
+        would buffer what the core then refuses)."""
+        if self.info is None:
+            return CONTROL_MESSAGE_LIMIT
+        return transport_limit(self._payload_limit)
 
     def _require_established(self) -> SessionInfo:
         """The session info if the application may send (also after the peer's CLOSE, until we

@@ -55,7 +55,7 @@ class Negotiated:
 
     algorithms: tuple[Algorithm, ...]
     encoding: Encoding
-    max_payload: int  # 0 = unlimited
+    max_payload: int  # 0 = none announced (each side keeps limits.max_message_bytes)
     mode: Literal["LATENT", "JSON"]
     mode_reason: str
     avp_map_id: str = ""

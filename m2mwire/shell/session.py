@@ -15,7 +15,7 @@ import dataclasses
 import functools
 import sys
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from m2mwire import tracing
@@ -33,7 +33,6 @@ from m2mwire.errors import (
 )
 from m2mwire.reconnect import Reconnect
 from m2mwire.schemas.codes import SessionCode
-from m2mwire.session.config import transport_limit
 from m2mwire.session.core import (
     AVP_MORE_KEY,
     AVP_REPLY_TO_KEY,
@@ -149,6 +148,10 @@ class Session:
         self._attached = asyncio.Event()  # set while the session has a live connection
         self._attached.set()
         self._outcome: asyncio.Future[str] | None = None  # client: how a resume attempt ended
+        # Client: the backoff of the last reconnect loop that resumed, and when it did. A
+        # connection lost again within max_delay of its resume goes on with that backoff (see
+        # _reconnect_loop); one that lived longer starts afresh.
+        self._last_resume: tuple[Iterator[float], float] | None = None
         # Done when the session stops using its current channel: a server's fresh connection
         # handed over to this session waits for it (its transport closes when it returns).
         self._channel_done: asyncio.Future[None] = self._loop.create_future()
@@ -622,9 +625,8 @@ class Session:
         if self._channel_done.done():
             self._channel_done = self._loop.create_future()
         self._transport_closed = False
-        info = self._protocol.info
-        if info is not None and info.max_payload:
-            channel.set_max_message_size(transport_limit(info.max_payload))
+        if self._protocol.info is not None:  # a resumed session: what it negotiated, as before
+            channel.set_max_message_size(self._protocol.channel_limit)
 
     def _take_over(self, channel: Channel, peer_received: int) -> None:
         """Server: continue this session on a resuming client's ``channel``."""
@@ -660,12 +662,24 @@ class Session:
         assert policy is not None and reopen is not None
         loop = self._loop
         give_up_at = loop.time() + policy.max_elapsed
-        delays = policy.delays()
+        wait = 0.0
+        last = self._last_resume
+        if last is not None and loop.time() - last[1] < policy.max_delay:
+            # Lost again right after resuming (a server that accepts resumes and then fails
+            # them, a path that drops every new connection): the first attempt waits the next
+            # backoff step, as a failed attempt would, instead of reconnecting at once (the
+            # loop went hot: ~5,000 resumes in 8 s against one such failure).
+            delays = last[0]
+            wait = next(delays)
+        else:
+            delays = policy.delays()
         attempts = 0
         # Where the server holding this session is (transports whose URL names a pool, not one
         # server: see RoutedChannel); every channel since the first reached that same server.
         old = self._channel
         route = old.resume_route if isinstance(old, RoutedChannel) else None
+        if wait and loop.time() + wait < give_up_at:
+            await asyncio.sleep(wait)
         while protocol.detached:
             attempts += 1
             try:
@@ -685,7 +699,10 @@ class Session:
                 self._start_reading(channel)
                 self._after_protocol_step()
                 self._writer_wakeup.set()
-                if await self._outcome != "detached":
+                outcome = await self._outcome
+                if outcome != "detached":
+                    if outcome == "resumed":
+                        self._last_resume = (delays, loop.time())
                     return  # resumed, or the server refused (the session is closed)
             wait = next(delays)
             if loop.time() + wait >= give_up_at:
@@ -750,7 +767,7 @@ class Session:
             if isinstance(event, Established):
                 # Raise the channel's limit from the handshake's (control messages only) to the
                 # negotiated one now, before the peer's first DATA is read.
-                self._channel.set_max_message_size(transport_limit(event.info.max_payload))
+                self._channel.set_max_message_size(self._protocol.channel_limit)
                 self._opened_at = self._loop.time()
                 log_opened(event.info, self._channel.remote_address)
                 if tracing.ENABLED:
