@@ -320,6 +320,28 @@ async def test_a_violation_closes_through_the_gateway_as_a_direct_server_closes_
         assert (info.value.rcvd.code, info.value.rcvd.reason) == (code, reason)
 
 
+@pytest.mark.parametrize("text", [True, False])
+async def test_a_first_message_over_a_control_messages_size_is_refused_unread_as_by_a_direct_server(
+    nats_server: LocalNatsServer, text: bool
+) -> None:
+    """A direct server reads at most 64 KiB (CONTROL_MESSAGE_LIMIT) until its ACCEPT; the gateway
+    took up to its max_payload (16 MiB) from a connection that had said nothing yet, and its
+    client got the worker's REJECT where a direct server's closes 1009 unread. (After the ACCEPT
+    the limit is what the session negotiated: test_a_gatewayed_session_reaches_the_worker
+    carries 3 MiB.)"""
+    url = f"{nats_server.url}/test.{uuid.uuid4().hex}"
+    first = "x" * (100 * 1024)
+    async with m2mwire.serve(echo, url), m2mwire.serve(echo, "ws://127.0.0.1:0") as direct:
+        async with m2mwire.gateway("ws://127.0.0.1:0", url) as gw:
+            for server_url in (f"ws://127.0.0.1:{direct.port}", gw.url):
+                async with ws_connect(server_url, max_size=None) as ws:
+                    await ws.send(first if text else first.encode())
+                    with pytest.raises(ConnectionClosed) as info:
+                        got = await asyncio.wait_for(ws.recv(), 10)
+                        pytest.fail(f"{server_url} answered {str(got)[:80]!r} before closing")
+                assert info.value.rcvd is not None and info.value.rcvd.code == 1009, server_url
+
+
 # -- the gateway's memory of routes is bounded ----------------------------------------------------
 
 

@@ -39,7 +39,7 @@ from m2mwire.schemas.messages import (
     decode_message,
     encode_message,
 )
-from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, Timers
+from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, Timers, transport_limit
 from m2mwire.shell.resume_routes import DEFAULT_RESUME_WINDOW, ResumeRoutes
 from m2mwire.transport.base import Channel, Message, RoutedChannel, TransportConfig
 from m2mwire.transport.nats.options import NATS_OPTIONS
@@ -120,7 +120,8 @@ class Gateway(Listening):
 
     async def start(self) -> Gateway:
         options = {k: v for k, v in self._options.items() if k in _TRANSPORT_OPTIONS}
-        await self._listen(self._relay, TransportConfig(self._max, options))
+        # As a direct server: only control messages until the worker's ACCEPT (watch_answer).
+        await self._listen(self._relay, TransportConfig(CONTROL_MESSAGE_LIMIT, options))
         return self
 
     async def _relay(self, edge: Channel) -> None:
@@ -159,6 +160,11 @@ class Gateway(Listening):
                 decoded = _parsed(message, text)
                 if decoded is not None and decoded.type in _KEEPALIVE:
                     return False  # look at the next one
+                if decoded is not None and decoded.type is MessageType.ACCEPT:
+                    # The session is established: the client may now send what it negotiated
+                    # (at most what the gateway relays), as a direct server allows from its
+                    # ACCEPT. Raised here, before the ACCEPT is queued for the client.
+                    edge.set_max_message_size(transport_limit(self._accepted_limit(decoded)))
                 granted = _resume_of(decoded, MessageType.ACCEPT) is not None
                 session_id = decoded.session_id if granted and decoded is not None else None
                 route = bound.resume_route if isinstance(bound, RoutedChannel) else None
@@ -180,6 +186,13 @@ class Gateway(Listening):
             for session_id in accepted:
                 self.routes.detach(session_id, task, ended=ended)
             self._relays.discard(task)
+
+    def _accepted_limit(self, accept: Decoded) -> int:
+        """The max_payload an ACCEPT announces, capped at the gateway's own (0: none announced)."""
+        caps = accept.payload
+        announced: int = caps.compression.max_payload if isinstance(caps, Capabilities) else 0
+        limit: int = self._max
+        return min(announced, limit) if announced > 0 else limit
 
     async def _open(self, edge: Channel, route: str | None) -> Channel | None:
         """The NATS channel for a relay: to the worker at ``route`` (a session it holds is being
