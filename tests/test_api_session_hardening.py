@@ -54,8 +54,8 @@ def data(sid: str, text: str) -> str:
     return json.dumps({"type": "DATA", "session_id": sid, "payload": payload, "timestamp": 1})
 
 
-def close_msg(sid: str) -> str:
-    payload = {"reason": "NORMAL", "message": "bye"}
+def close_msg(sid: str, reason: str = "NORMAL") -> str:
+    payload = {"reason": reason, "message": "bye"}
     return json.dumps({"type": "CLOSE", "session_id": sid, "payload": payload, "timestamp": 1})
 
 
@@ -82,6 +82,24 @@ async def test_replies_owed_at_a_peer_close_arrive_before_the_acknowledgement() 
                     msg = json.loads(await ws.recv())
                     seen.append((msg["type"], msg["payload"].get("content", "")))
     assert seen == [("DATA", f"re:m{i}") for i in range(5)] + [("CLOSE", "")]
+
+
+async def test_a_peer_close_with_a_long_non_ascii_reason_still_closes_in_order() -> None:
+    """The server's close frame carries the peer's CLOSE reason, cut to 100 characters: 100
+    three-byte characters are 300 bytes, over the 123 a close frame holds, and websockets refused
+    to send it: the orderly close became a cut connection (no close frame). Now cut to 123 bytes
+    at a character's end."""
+    async with running(slow_echo, "ws") as server:
+        async with ws_connect(server.url, compression=None) as ws:
+            await ws.send(hello())
+            sid = json.loads(await ws.recv())["session_id"]
+            await ws.send(close_msg(sid, "€" * 60))
+            with pytest.raises(ConnectionClosed) as info:
+                async with asyncio.timeout(5):
+                    while True:
+                        await ws.recv()
+    assert info.value.rcvd is not None, "the server cut the connection instead of closing it"
+    assert (info.value.rcvd.code, info.value.rcvd.reason) == (1000, "€" * 41)
 
 
 async def test_client_close_waits_for_the_servers_replies(scheme: str) -> None:

@@ -39,6 +39,7 @@ import brotli
 from m2mwire.codecs.compressed import brotli_decompress
 from m2mwire.codecs.jsonutil import loads_limited
 from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits, check_size
+from m2mwire.codecs.utf8 import cut_utf8
 from m2mwire.codecs.varint import b64decode, b64encode, pack_varints, utf8
 from m2mwire.errors import ChecksumMismatch, DecodeError, EncodeError
 
@@ -179,9 +180,7 @@ def _short_string(text: str) -> bytes:
     """A u8 length + UTF-8 bytes. The reference writes ``len as u8`` followed by *all* the bytes, which
     corrupts the header beyond 255 bytes; we keep the longest prefix of whole characters that fits, so
     every decoder can parse the header (the full text is in the payload anyway)."""
-    raw = utf8(text)
-    if len(raw) > _U8_MAX:
-        raw = raw[:_U8_MAX].decode("utf-8", "ignore").encode("utf-8")
+    raw = cut_utf8(utf8(text), _U8_MAX)
     return bytes((len(raw),)) + raw
 
 

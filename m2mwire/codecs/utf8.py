@@ -10,13 +10,20 @@ from __future__ import annotations
 
 from m2mwire.errors import DecodeError
 
-__all__ = ["check_utf8", "utf8_len"]
+__all__ = ["check_utf8", "cut_utf8", "utf8_len"]
 
 
 def utf8_len(text: str) -> int:
     """Bytes of ``text`` in UTF-8. ASCII text (the common case: JSON envelopes, wire strings) is
     measured without encoding, since one character is one byte there."""
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def cut_utf8(data: bytes, limit: int) -> bytes:
+    """The longest prefix of UTF-8 ``data`` in at most ``limit`` bytes that ends on a whole
+    character: a cut character would make a strict decoder refuse the whole (websockets refuses
+    to send such a close reason). Close reasons and header strings are cut with it."""
+    return data if len(data) <= limit else data[:limit].decode("utf-8", "ignore").encode("utf-8")
 
 
 def check_utf8(data: bytes | bytearray | memoryview) -> None:

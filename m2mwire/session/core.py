@@ -35,7 +35,7 @@ from m2mwire.codecs import (
 from m2mwire.codecs.buffers import Buffer
 from m2mwire.codecs.jsonutil import check_json_text, dumps_compact
 from m2mwire.codecs.select import select_algorithm
-from m2mwire.codecs.utf8 import check_utf8, utf8_len
+from m2mwire.codecs.utf8 import check_utf8, cut_utf8, utf8_len
 from m2mwire.errors import (
     DecodeError,
     EncodeError,
@@ -331,6 +331,9 @@ CLOSE_INVALID_DATA = 1007  # a text message that is not UTF-8 (as a WebSocket en
 CLOSE_TOO_BIG = 1009
 CLOSE_GOING_AWAY = 1001
 CLOSE_INTERNAL_ERROR = 1011
+# A close reason's UTF-8 bytes at most (RFC 6455 section 5.5: a control frame's body is 125
+# bytes, 2 of them the code; QUIC and NATS channels carry as much), cut at a character's end.
+CLOSE_REASON_BYTES = 123
 
 
 class SessionProtocol:
@@ -1610,7 +1613,11 @@ class SessionProtocol:
         self._closed_event = event
         self._events.append(event)
         if close_code is not None:
-            self._queue_output(CloseTransport(close_code, (self._close_reason or event.code)[:100]))
+            # The reason may be the peer's CLOSE or REJECT code, any string: 100 characters of
+            # it (the old cut) could be 300 bytes, which websockets refuses to send, turning
+            # this orderly close into an abort.
+            reason = (self._close_reason or event.code).encode("utf-8", "replace")
+            self._queue_output(CloseTransport(close_code, cut_utf8(reason, CLOSE_REASON_BYTES).decode()))
 
 
 def _drop_tracebacks(error: BaseException) -> None:

@@ -24,6 +24,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from m2mwire.codecs.utf8 import cut_utf8
 from m2mwire.errors import DecodeError
 
 __all__ = [
@@ -129,9 +130,7 @@ def encode_close(code: int, reason: str = "") -> bytes:
     """A complete close frame. The reason is cut (at a character boundary) to 123 UTF-8 bytes."""
     if not 0 <= code <= 0xFFFF:
         raise ValueError(f"close code {code} does not fit in 16 bits")
-    raw = reason.encode("utf-8", errors="replace")
-    if len(raw) > CLOSE_REASON_MAX_BYTES:
-        raw = raw[:CLOSE_REASON_MAX_BYTES].decode("utf-8", errors="ignore").encode("utf-8")
+    raw = cut_utf8(reason.encode("utf-8", "replace"), CLOSE_REASON_MAX_BYTES)
     return encode_header(KIND_CLOSE, 2 + len(raw)) + _CODE.pack(code) + raw
 
 

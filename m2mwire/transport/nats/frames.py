@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import struct
 
+from m2mwire.codecs.utf8 import cut_utf8
+
 __all__ = [
     "ABORT",
     "ASK",
@@ -96,7 +98,7 @@ REASON_MAX = 512
 
 
 def pack_close(kind: int, seq: int, code: int, reason: str) -> bytes:
-    return _CLOSE.pack(kind, seq, code) + reason.encode()[:REASON_MAX]
+    return _CLOSE.pack(kind, seq, code) + cut_utf8(reason.encode("utf-8", "replace"), REASON_MAX)
 
 
 def unpack_close(data: bytes | bytearray) -> tuple[int, str]:
