@@ -386,6 +386,17 @@ class NatsChannel:
         finally:
             self._draining = False
 
+    def _over_limit(self, size: int) -> bool:
+        """Whether an incoming message of ``size`` bytes is over the limit; if so the channel
+        ends with ABORT 1009 (as a WebSocket endpoint closes 1009 before the session sees it)."""
+        if not self._max or size <= self._max:
+            return False
+        self._protocol_error(
+            f"incoming message of {size} bytes is over the limit of {self._max} bytes (max_payload)",
+            code=1009,
+        )
+        return True
+
     def _process(self, data: bytes | bytearray) -> None:
         kind = data[0]
         size = len(data)
@@ -394,19 +405,16 @@ class NatsChannel:
                 if self._parts is not None:
                     # It would overtake the message being reassembled, which the sender began first.
                     raise ValueError("a whole message arrived inside a chunked one")
+                if self._over_limit(size - _HEAD):
+                    return  # (in memory already, within the credit: refused as a chunked one is)
                 self._deliver(memoryview(data)[_HEAD:], kind == f.TEXT)
             elif kind == f.TEXT_FIRST or kind == f.BINARY_FIRST:
                 total = f.TOTAL.unpack_from(data, _HEAD)[0]
                 if self._parts is not None:
                     raise ValueError("a new message started before the previous one ended")
-                if self._max and total > self._max:
+                if self._over_limit(total):
                     # Checked before buffering anything: the peer cannot make us hold more than
                     # the limit it was told.
-                    self._protocol_error(
-                        f"incoming message of {total} bytes is over the limit of {self._max} bytes "
-                        "(max_payload)",
-                        code=1009,
-                    )
                     return
                 if isinstance(data, bytearray):
                     # Handed over to us (see compat.DirectParser): the message is assembled in
