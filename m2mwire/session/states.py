@@ -89,9 +89,10 @@ def expected(role: Role, state: State, *, verdict_pending: bool, resuming: bool)
 def unexpected(role: Role, state: State, kind: Inbound) -> Violation | None:
     """What a message that ``expected()`` does not list is: the violation that closes the session
     (docs/PROTOCOL.md §3), or None for an ACK, which is ignored (resume may be off on this end)."""
+    if state is State.CLOSE_RECEIVED and (kind == BINARY or kind is _DATA):
+        # The session existed: "before HELLO/ACCEPT" would misname it.
+        return Violation(SessionCode.UNEXPECTED_MESSAGE, f"{kind} after the peer's CLOSE")
     if kind == BINARY:
-        if state is State.CLOSE_RECEIVED:
-            return Violation(SessionCode.UNEXPECTED_MESSAGE, "binary frame after the peer's CLOSE")
         return Violation(SessionCode.BINARY_BEFORE_ACCEPT, "binary frame before the session was established")
     if kind is _DATA:
         if role is Role.SERVER:

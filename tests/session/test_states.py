@@ -169,18 +169,14 @@ def documented(role: Role, state: State, pending: bool, resuming: bool, kind: In
     live = state in (State.ESTABLISHED, State.CLOSING)  # DATA after our CLOSE is still delivered
     if kind is MessageType.ACK:
         return "accepted" if live else "ignored"
-    if kind is MessageType.DATA:
+    if kind is MessageType.DATA or kind == BINARY:
         if live:
             return "accepted"
+        if state is State.CLOSE_RECEIVED:  # DATA was answered DATA_BEFORE_HELLO/ACCEPT here
+            return SessionCode.UNEXPECTED_MESSAGE
+        if kind == BINARY:
+            return SessionCode.BINARY_BEFORE_ACCEPT
         return SessionCode.DATA_BEFORE_HELLO if role is Role.SERVER else SessionCode.DATA_BEFORE_ACCEPT
-    if kind == BINARY:
-        if live:
-            return "accepted"
-        return (
-            SessionCode.UNEXPECTED_MESSAGE
-            if state is State.CLOSE_RECEIVED
-            else SessionCode.BINARY_BEFORE_ACCEPT
-        )
     if kind is MessageType.HELLO:
         ok = role is Role.SERVER and state is State.INITIAL and not pending
     else:  # ACCEPT, REJECT: the answers to a client's HELLO, a resuming one included
