@@ -463,3 +463,29 @@ async def test_a_worker_and_a_client_authenticate_with_nkeys(tmp_path: Path) -> 
         with pytest.raises(TransportError, match="could not connect to NATS"):
             async with asyncio.timeout(15), m2mwire.connect(url, connect_timeout=1):
                 pass
+
+
+async def test_the_documented_permissions_are_enough_and_no_more_is_asked() -> None:
+    """docs/PROTOCOL.md §5a's permissions table, on a real nats-server: a worker and a client
+    holding only what it lists get a session (a chunked message included), and nats-server logs
+    no violation. Every worker process subscribed a client inbox it never used, which a worker's
+    permissions do not grant: nats-server logged a subscription violation for each."""
+    subject = f"perm.{uuid.uuid4().hex}"
+    auth = (
+        "authorization { users = ["
+        f' {{ user: worker, password: w, permissions: {{ publish: ["_INBOX.>"],'
+        f' subscribe: ["{subject}", "_M2M.{subject}.>"] }} }},'
+        f' {{ user: client, password: c, permissions: {{ publish: ["{subject}", "_M2M.{subject}.>"],'
+        ' subscribe: ["_INBOX.>"] } }'
+        " ] }"
+    )
+    with LocalNatsServer(config=(auth,)) as server:
+        url = f"{server.url}/{subject}"
+        async with m2mwire.serve(echo, url, user="worker", password="w"):
+            async with m2mwire.connect(url, user="client", password="c") as session:
+                for text in ("in", "z" * (1536 * 1024)):  # over nats-server's 1 MiB: chunked
+                    await session.send(text, algorithm="none")
+                    assert (await asyncio.wait_for(session.recv(), 10)).text == text
+        await asyncio.sleep(0.2)  # nats-server writes its log as it goes
+        log = server.log_text()
+    assert "Violation" not in log, [line for line in log.splitlines() if "Violation" in line]

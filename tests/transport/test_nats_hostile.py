@@ -1,6 +1,6 @@
 """Hostile peers of a NATS worker, with a real nats-server: what one NATS client with a client's
-permissions can make a worker do (stop 24's attack run; the scripts it started from are described
-in benchmarks/attack_nats.py)."""
+permissions can make a worker do (stop 24's and stop 28's attack runs: each hole they found is a
+test here)."""
 
 from __future__ import annotations
 

@@ -57,7 +57,9 @@ class Bus:
         self.users = 0
         self.prefixes: dict[str, Subscription] = {}
         self.reconnected = asyncio.Event()  # set while connected
-        self.client_prefix = ""  # where this process's client subjects live
+        self.client_prefix = ""  # where this process's client subjects live (client_subjects())
+        self._client_lock = asyncio.Lock()
+        self._started = False  # connected once: a failed first attempt has lost nothing
         self.label = f"nats-client-{secrets.token_hex(6)}"  # per-process peer label for admission
 
     async def start(self, target: NatsTarget, options: dict[str, Any]) -> None:
@@ -93,8 +95,19 @@ class Bus:
                 f"per server): {cause or type(cause).__name__}; is nats-server running there?"
             ) from exc
         self.reconnected.set()
-        self.client_prefix = self.nc.new_inbox()
-        await self.subscribe_prefix(self.client_prefix)
+        self._started = True
+
+    async def client_subjects(self) -> str:
+        """The prefix of this process's client channel subjects, subscribed on the first channel
+        opened: a worker that opens none needs no permission to subscribe under an inbox prefix
+        (nats-server logged a subscription violation for every worker holding docs/PROTOCOL.md's
+        worker permissions)."""
+        async with self._client_lock:  # one prefix, one subscription, however many open at once
+            if not self.client_prefix:
+                prefix = self.nc.new_inbox()
+                await self.subscribe_prefix(prefix)
+                self.client_prefix = prefix
+        return self.client_prefix
 
     async def subscribe_prefix(self, prefix: str) -> None:
         """Route messages on ``prefix.*`` to channels (one subscription per prefix)."""
@@ -150,7 +163,7 @@ class Bus:
 
     async def _on_disconnected(self) -> None:
         self.reconnected.clear()
-        if self.client_prefix:  # set once connected: a failed first attempt has lost nothing
+        if self._started:
             log.info("NATS connection lost; nats-py reconnects")
 
     async def _on_reconnected(self) -> None:

@@ -160,7 +160,7 @@ async def open_nats_channel(
         window = _window(bus, options)
         channel = NatsChannel(
             bus,
-            f"{bus.client_prefix}.{secrets.token_hex(16)}",  # 128 random bits: unguessable
+            f"{await bus.client_subjects()}.{secrets.token_hex(16)}",  # 128 random bits: unguessable
             max_message_size=max_message_size,
             window=window,
             remote_address=f"nats:{target.subject}",
