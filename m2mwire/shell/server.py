@@ -208,8 +208,9 @@ class Server(Listening):
     async def aclose(self) -> None:
         """Close every live session (CLOSE handshake), then stop the listener and wait for it.
 
-        Takes at most about ``close_timeout``: sessions close concurrently (each within
-        close_timeout), then a handler still running on its closed session is cancelled.
+        Takes at most about ``close_timeout`` + 1.6 s: sessions close concurrently (each within
+        close_timeout, + 0.5 s), handlers get 0.1 s to return, then one still running on its
+        closed session is cancelled (and awaited up to 1 s).
         Sessions go first: a QUIC server's close ends its connections at once, which would cut
         the CLOSE exchange short.
         """
