@@ -196,7 +196,7 @@ async def echo(session: Session) -> None:
 
 
 async def test_session_survives_a_cut_with_the_same_id_and_nothing_lost() -> None:
-    async with proxied(echo) as (_server, proxy):
+    async with proxied(echo) as (server, proxy):
         async with m2mwire.connect(f"ws://127.0.0.1:{proxy.port}", reconnect=FAST) as session:
             sid = session.info.session_id
             await session.send("before")
@@ -205,6 +205,9 @@ async def test_session_survives_a_cut_with_the_same_id_and_nothing_lost() -> Non
             await session.send("during")  # retained, sent on the resumed connection
             assert (await asyncio.wait_for(session.recv(), 5)).text == "during"
             assert session.stats.reconnects == 1 and session.info.session_id == sid
+            # the server's totals sum every counter of its sessions' Stats (reconnects stayed 0)
+            totals = server.stats.totals
+            assert totals.reconnects == 1, totals
 
 
 async def test_a_connection_lost_right_after_each_resume_backs_off() -> None:
