@@ -242,8 +242,6 @@ _reject_decoder = msgspec.json.Decoder(Rejection)
 _data_decoder = msgspec.json.Decoder(DataPayload)
 _close_decoder = msgspec.json.Decoder(ClosePayload)
 _ack_decoder = msgspec.json.Decoder(AckPayload)
-_any_decoder = msgspec.json.Decoder()
-_data_envelope_decoder = msgspec.json.Decoder(DataEnvelope)
 _strict_data_decoder = msgspec.json.Decoder(_StrictDataEnvelope)
 # How every DATA message starts, ours and the reference's (both emit ``type`` first).
 _DATA_START = b'{"type":"DATA",'

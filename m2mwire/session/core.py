@@ -136,7 +136,6 @@ WARNING_INTERVAL = 10.0
 # Hot-path aliases: reading an Enum member off its class costs ~0.12 us on Python 3.11
 # (EnumType.__getattr__), a module global a tenth of that.
 _ESTABLISHED = State.ESTABLISHED
-_CLOSING = State.CLOSING
 _CLOSED = State.CLOSED
 _CLOSE_RECEIVED = State.CLOSE_RECEIVED
 
@@ -355,7 +354,6 @@ class SessionProtocol:
         self._new_session_id = session_id_factory or (lambda: str(uuid.uuid4()))
         self._session_id: str | None = None
         self._outputs: deque[Output] = deque()
-        self.outputs_total = 0  # outputs ever queued: lets the shell wait until "mine" is written
         # Receiving DATA queued an ACK (resume): the shell wakes its writer and clears this. DATA
         # returned by receive_text/receive_binary causes no other output.
         self.ack_queued = False
@@ -629,7 +627,6 @@ class SessionProtocol:
                 r.retained_bytes += len(envelope)
             if self._direct:  # else retained only, and sent by the replay of a resume
                 self._outputs.append(SendMessage(envelope))
-                self.outputs_total += 1
             if self.config.token_stats:
                 tokens = (count_tokens(text), count_tokens(wire))
                 self.stats.original_tokens_sent += tokens[0]
@@ -661,7 +658,6 @@ class SessionProtocol:
             r.retained_bytes += size
         if self._direct:  # else retained only, and sent by the replay of a resume
             self._outputs.append(SendMessage((frame,)))
-            self.outputs_total += 1
         if self.config.token_stats:
             tokens = count_tokens(text)  # the content travels as it is
             self.stats.original_tokens_sent += tokens
@@ -1342,7 +1338,6 @@ class SessionProtocol:
             if not self._direct:
                 return  # retained only: sent by the replay of a resume
         self._outputs.append(out)
-        self.outputs_total += 1
 
     def _count_received(self, size: int, message: Message | None = None) -> None:
         r = self.resume
@@ -1511,7 +1506,6 @@ class SessionProtocol:
 
     def _queue_output(self, out: Output) -> None:
         self._outputs.append(out)
-        self.outputs_total += 1
 
     def _begin_close(self, code: str, message: str, now: float, error: M2MError | None = None) -> None:
         """ESTABLISHED -> CLOSING: say CLOSE and wait up to close_timeout for its acknowledgement.
