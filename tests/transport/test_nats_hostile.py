@@ -169,12 +169,16 @@ async def test_a_peer_that_never_acknowledges_gets_at_most_the_workers_window(
     window = 256 * 1024  # the worker's (4 x the server's 64 KiB max_payload)
     channels: list[NatsChannel] = []
     sent = [0]
+    taken = asyncio.Event()
 
     async def streams(channel: NatsChannel) -> None:
         channels.append(channel)
         for _ in range(80):  # ~19 worker windows' worth
             await channel.send(b"y" * 60_000)
             sent[0] += 1
+        # A handler that returns aborts its channel, and the ABORT (not sequenced) overtook the
+        # last messages when the test read them a moment later: the test failed now and then.
+        await taken.wait()
 
     listener = await serve_nats(
         streams, service(small_nats), max_message_size=1 << 20, options={"nats_window": window}
@@ -199,6 +203,7 @@ async def test_a_peer_that_never_acknowledges_gets_at_most_the_workers_window(
         # an honest peer gets the rest: the attacker's channel reads, consumes, acknowledges
         got = [await asyncio.wait_for(attacker.recv(), 10) for _ in range(80)]
         assert len(got) == 80 and sent[0] == 80
+        taken.set()
         await attacker.close()
     finally:
         listener.close()
