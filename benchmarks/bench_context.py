@@ -45,7 +45,9 @@ from m2mwire.codecs.jsonutil import dumps_compact
 from m2mwire.codecs.zstdcontext import ContextCompressor, ContextDecompressor
 from m2mwire.codecs.zstdhistory import HistoryContext
 from m2mwire.session.config import SessionConfig, ZstdOptions
-from m2mwire.session.core import CloseTransport, Role, SendMessage, SessionProtocol
+from m2mwire.session.core import SessionProtocol
+from m2mwire.session.outputs import CloseTransport, SendMessage
+from m2mwire.session.states import Role
 from m2mwire.session.zstdstate import inner_message
 from m2mwire.workloads import WORKLOADS, Step, workload
 

@@ -39,10 +39,10 @@ _LAZY = {
     "Server": "m2mwire.api",
     "open_quic_connection": "m2mwire.api",
     "gateway": "m2mwire.shell.gateway",
-    "Message": "m2mwire.session.core",
+    "Message": "m2mwire.session.payload",
     "JsonValue": "m2mwire.codecs.jsonutil",
     "Hello": "m2mwire.admission",
-    "SessionInfo": "m2mwire.session.core",
+    "SessionInfo": "m2mwire.session.events",
     "Timers": "m2mwire.session.config",
     "Reconnect": "m2mwire.reconnect",
     "ZstdOptions": "m2mwire.session.config",
@@ -91,8 +91,8 @@ if TYPE_CHECKING:
     from m2mwire.schemas.identity import ModelIdentity as ModelIdentity
     from m2mwire.session.config import Timers as Timers
     from m2mwire.session.config import ZstdOptions as ZstdOptions
-    from m2mwire.session.core import Message as Message
-    from m2mwire.session.core import SessionInfo as SessionInfo
+    from m2mwire.session.events import SessionInfo as SessionInfo
+    from m2mwire.session.payload import Message as Message
     from m2mwire.shell.gateway import gateway as gateway
 
 

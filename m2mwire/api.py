@@ -7,7 +7,7 @@ that ``from m2mwire.api import ...`` keeps working.
 
 from __future__ import annotations
 
-from m2mwire.session.core import State
+from m2mwire.session.states import State
 from m2mwire.shell.client import connect, open_quic_connection
 from m2mwire.shell.server import Handler, Server, serve
 from m2mwire.shell.serverstats import ServerStats

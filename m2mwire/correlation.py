@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from m2mwire.errors import M2MError
-from m2mwire.session.core import Message, queued_cost
+from m2mwire.session.payload import Message, queued_cost
 
 __all__ = ["Correlator", "Stream"]
 

@@ -21,7 +21,7 @@ from m2mwire.errors import EncodeError
 from m2mwire.samples import sample_payloads
 from m2mwire.schemas.identity import ModelIdentity
 from m2mwire.session.config import DEFAULT_ALGORITHMS
-from m2mwire.session.core import Message, SentInfo
+from m2mwire.session.payload import Message, SentInfo
 from m2mwire.workloads import workload
 
 __all__ = ["answer", "run_demo"]

@@ -25,7 +25,7 @@ else:
     ENABLED = True
 
 if TYPE_CHECKING:
-    from m2mwire.session.core import SessionInfo
+    from m2mwire.session.events import SessionInfo
 
 __all__ = ["ENABLED", "carrier", "end_session", "reply_span", "request_span", "start_session", "use"]
 

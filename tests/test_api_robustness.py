@@ -18,7 +18,9 @@ from m2mwire.api import Session, connect, serve
 from m2mwire.codecs import Encoding, clear_tokenizer_cache, register_tokenizer_file
 from m2mwire.errors import ProtocolError, SessionTimeout
 from m2mwire.session.config import SessionConfig
-from m2mwire.session.core import Closed, Role, SessionProtocol
+from m2mwire.session.core import SessionProtocol
+from m2mwire.session.events import Closed
+from m2mwire.session.states import Role
 from tests.test_api import raw_hello
 
 HELLO = raw_hello()

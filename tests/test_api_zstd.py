@@ -10,7 +10,7 @@ import pytest
 from m2mwire.api import Session, connect
 from m2mwire.codecs import Algorithm
 from m2mwire.errors import LimitExceeded, M2MError, SessionClosed
-from m2mwire.session.core import Message
+from m2mwire.session.payload import Message
 from m2mwire.workloads import workload
 from tests.test_api import client_opts, echo, running, scheme
 

@@ -18,7 +18,8 @@ from m2mwire.api import Session
 from m2mwire.errors import SessionClosed
 from m2mwire.schemas.messages import MessageType, decode_message, encode_message
 from m2mwire.session.config import SessionConfig
-from m2mwire.session.core import SendMessage, SessionProtocol
+from m2mwire.session.core import SessionProtocol
+from m2mwire.session.outputs import SendMessage
 from m2mwire.session.states import Role, State
 from m2mwire.shell.resume_routes import ResumeRoutes
 from m2mwire.transport.nats.local import LocalNatsServer

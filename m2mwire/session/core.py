@@ -22,14 +22,13 @@ import logging
 import uuid
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Literal
 
 import msgspec
 
 from m2mwire.codecs import (
     Algorithm,
-    Encoding,
     count_tokens,
 )
 from m2mwire.codecs.buffers import Buffer
@@ -68,6 +67,18 @@ from m2mwire.schemas.messages import (
 )
 from m2mwire.session.binarytext import BINARY_TEXT_MIN, BinaryText, BinaryTextMessage
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, SessionConfig, transport_limit
+from m2mwire.session.events import (
+    Closed,
+    Detached,
+    Established,
+    Event,
+    HelloReceived,
+    Resumed,
+    ResumeRequested,
+    SessionInfo,
+    Stats,
+    closed_error,
+)
 from m2mwire.session.negotiation import (
     Negotiated,
     Refusal,
@@ -75,11 +86,19 @@ from m2mwire.session.negotiation import (
     negotiate_client,
     negotiate_server,
 )
+from m2mwire.session.outputs import (
+    CLOSE_GOING_AWAY,
+    CLOSE_INTERNAL_ERROR,
+    CLOSE_INVALID_DATA,
+    CLOSE_NORMAL,
+    CLOSE_PROTOCOL_ERROR,
+    CLOSE_REASON_BYTES,
+    CLOSE_TOO_BIG,
+    CloseTransport,
+    Output,
+    SendMessage,
+)
 from m2mwire.session.payload import (
-    AVP_MORE_KEY,
-    AVP_REPLY_TO_KEY,
-    AVP_REQUEST_ID_KEY,
-    AVP_RESERVED_PREFIX,
     Message,
     SentInfo,
     check_avp_frame,
@@ -96,30 +115,7 @@ from m2mwire.session.resume import ResumeState, message_size, new_token
 from m2mwire.session.states import BINARY, Inbound, Role, State, expected, unexpected
 from m2mwire.session.zstdstate import ZstdMessage, ZstdSessionState
 
-__all__ = [
-    "AVP_MORE_KEY",
-    "AVP_REPLY_TO_KEY",
-    "AVP_REQUEST_ID_KEY",
-    "AVP_RESERVED_PREFIX",
-    "CloseTransport",
-    "Closed",
-    "Detached",
-    "Established",
-    "Event",
-    "HelloReceived",
-    "Message",
-    "ResumeRequested",
-    "Resumed",
-    "Role",
-    "SendMessage",
-    "SentInfo",
-    "SessionInfo",
-    "SessionProtocol",
-    "State",
-    "Stats",
-    "closed_error",
-    "queued_cost",
-]
+__all__ = ["SessionProtocol"]
 
 log = logging.getLogger("m2mwire.session")
 
@@ -140,144 +136,6 @@ _CLOSED = State.CLOSED
 _CLOSE_RECEIVED = State.CLOSE_RECEIVED
 
 
-# ---------------------------------------------------------------------------------------------
-# What the application sees
-
-
-@dataclass(frozen=True, slots=True)
-class SessionInfo:
-    """The negotiated session, as both ends agreed on it."""
-
-    session_id: str
-    role: Role
-    algorithms: tuple[Algorithm, ...]
-    encoding: Encoding
-    mode: str  # "LATENT" or "JSON"
-    mode_reason: str
-    avp_map_id: str
-    max_payload: int
-    peer_agent_id: str
-    peer_agent_type: str
-    peer_version: str
-    zstd_window: int = 0  # the agreed zstd window in bytes; 0 when zstd was not negotiated
-    zstd_dictionary: str = ""  # SHA-256 (hex) of the shared zstd dictionary in use, if any
-    zstd_history: bool = False  # zstd shares history across directions (binary kind 0x48)
-    binary_text: bool = False  # large text DATA may travel in binary form (kind 'T'), both ways
-
-
-@dataclass(slots=True)
-class Stats:
-    """Counters for one session; token counts are filled only with ``token_stats=True``."""
-
-    messages_sent: int = 0
-    messages_received: int = 0
-    original_bytes_sent: int = 0
-    wire_bytes_sent: int = 0
-    original_bytes_received: int = 0
-    wire_bytes_received: int = 0
-    original_tokens_sent: int = 0
-    wire_tokens_sent: int = 0
-    original_tokens_received: int = 0  # text DATA received (token_stats=True)
-    wire_tokens_received: int = 0  # their wire strings (token_stats=True; binary zstd: as #ZS| text)
-    by_algorithm: dict[str, int] = field(default_factory=dict)
-    reconnects: int = 0  # connections this session resumed on (reconnect/resume)
-    retransmitted: int = 0  # DATA sent again after a resume (not DATA first sent by the replay)
-    ping_rtt: float | None = None  # seconds from our last answered PING to its PONG
-
-    @property
-    def saving(self) -> float:
-        """Share of the bytes saved on the wire, both directions: 1 - wire / original (0 when
-        nothing was sent; negative when the wire forms were larger)."""
-        original = self.original_bytes_sent + self.original_bytes_received
-        wire = self.wire_bytes_sent + self.wire_bytes_received
-        return 1.0 - wire / original if original else 0.0
-
-
-# Events returned by next_event()
-
-
-@dataclass(frozen=True, slots=True)
-class Established:
-    info: SessionInfo
-
-
-@dataclass(frozen=True, slots=True)
-class Closed:
-    """The session is over. ``error`` is None for an orderly close."""
-
-    code: str
-    reason: str
-    by_peer: bool
-    error: M2MError | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class HelloReceived:
-    """Server side, with admission on: a HELLO that negotiation accepted waits for the shell's
-    verdict, :meth:`SessionProtocol.admit` or :meth:`SessionProtocol.refuse`. ``hello`` is the
-    client's capabilities (its ``token``, agent id and type, offers)."""
-
-    hello: Capabilities
-
-
-@dataclass(frozen=True, slots=True)
-class Detached:
-    """The connection is gone (or dead: PONGs missed) but the session can still be resumed: the
-    shell drops the channel; a client reconnects and calls :meth:`SessionProtocol.begin_resume`,
-    a server waits (``resume_window``) for the client to come back."""
-
-    reason: str
-
-
-@dataclass(frozen=True, slots=True)
-class ResumeRequested:
-    """Server, on a fresh connection: its HELLO resumes ``session_id``. The shell finds that
-    session, checks ``token`` against it (:meth:`SessionProtocol.resume_token_matches`) and moves
-    this connection to it (:meth:`SessionProtocol.attach`), or answers
-    :meth:`SessionProtocol.refuse_resume` here."""
-
-    session_id: str
-    token: str
-    received: int
-
-
-@dataclass(frozen=True, slots=True)
-class Resumed:
-    """The session runs on a new connection; ``retransmitted`` DATA messages are to be sent again
-    (the replay sends them as the connection takes them: ``Stats.retransmitted`` counts those sent)."""
-
-    retransmitted: int
-
-
-Event = Established | Closed | HelloReceived | Detached | ResumeRequested | Resumed
-
-
-def closed_error(event: Closed, *, handshake: bool = False) -> M2MError:
-    """The exception that send() and recv() raise once the session is over (the same for both).
-
-    A fresh copy each time: raising attaches a traceback, whose frames would keep the session
-    alive through the stored error (a reference cycle only the garbage collector breaks).
-    """
-    error = event.error
-    if error is not None and (handshake or not isinstance(error, SessionClosed)):
-        fresh = type(error).__new__(type(error), *error.args)  # no __init__: kw-only fields vary
-        fresh.__dict__.update(error.__dict__)
-        fresh.__cause__ = error.__cause__
-        return fresh
-    return SessionClosed(
-        f"session closed ({event.code}{': ' + event.reason if event.reason else ''})",
-        code=event.code,
-        reason=event.reason,
-    )
-
-
-def queued_cost(message: Message) -> int:
-    """What a received message costs while it waits for the application (max_queue_bytes): what it
-    holds in memory once decoded, as the decoder measured it (``Message.decoded_bytes``); for a
-    message built without that figure, the larger of its decoded and wire sizes."""
-    return message.decoded_bytes or max(message.original_bytes, message.wire_bytes)
-
-
 def _bounded(text: str) -> str:
     """Peer-controlled text cut to MAX_ECHO_CHARS, for REJECT and CLOSE reasons and the log."""
     if len(text) <= MAX_ECHO_CHARS:
@@ -291,48 +149,6 @@ class _TypeOnly(msgspec.Struct):
 
 # Reads only the "type" of an oversized message (skipping the rest is ~1 GB/s in msgspec).
 _type_decoder = msgspec.json.Decoder(_TypeOnly)
-
-
-# Outputs returned by data_to_send()
-
-
-# Made once per message, so a frozen msgspec Struct like Message (ten times faster to build than a
-# frozen dataclass).
-class SendMessage(msgspec.Struct, frozen=True):
-    """One message for the channel: a text message as its UTF-8 bytes (one ``bytes``, written as
-    a text frame without re-encoding), or a binary message as a tuple of buffers."""
-
-    message: bytes | tuple[Buffer, ...]
-
-    @property
-    def text(self) -> bool:
-        return type(self.message) is bytes
-
-    @property
-    def binary(self) -> bool:
-        return type(self.message) is not bytes
-
-
-@dataclass(frozen=True, slots=True)
-class CloseTransport:
-    """Close the channel underneath (WebSocket close code semantics)."""
-
-    code: int
-    reason: str
-
-
-Output = SendMessage | CloseTransport
-
-# WebSocket-style close codes used for CloseTransport.
-CLOSE_NORMAL = 1000
-CLOSE_PROTOCOL_ERROR = 1002
-CLOSE_INVALID_DATA = 1007  # a text message that is not UTF-8 (as a WebSocket endpoint closes)
-CLOSE_TOO_BIG = 1009
-CLOSE_GOING_AWAY = 1001
-CLOSE_INTERNAL_ERROR = 1011
-# A close reason's UTF-8 bytes at most (RFC 6455 section 5.5: a control frame's body is 125
-# bytes, 2 of them the code; QUIC and NATS channels carry as much), cut at a character's end.
-CLOSE_REASON_BYTES = 123
 
 
 class SessionProtocol:

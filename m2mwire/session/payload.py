@@ -64,6 +64,7 @@ __all__ = [
     "decode_text_data",
     "encode_binary",
     "encode_text",
+    "queued_cost",
     "zstd_binary_tokens",
     "zstd_message",
 ]
@@ -541,3 +542,10 @@ def _frame_size_and_head_general(parts: Sequence[Buffer]) -> tuple[int, bytes | 
         if len(head) < HEADER_SIZE:  # the header may be split across parts
             head += view.cast("B")[: HEADER_SIZE - len(head)]
     return size, head
+
+
+def queued_cost(message: Message) -> int:
+    """What a received message costs while it waits for the application (max_queue_bytes): what it
+    holds in memory once decoded, as the decoder measured it (``Message.decoded_bytes``); for a
+    message built without that figure, the larger of its decoded and wire sizes."""
+    return message.decoded_bytes or max(message.original_bytes, message.wire_bytes)

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING, Any, Unpack
 from m2mwire.options import ConnectOptions, Endpoint, parse_url, split_options
 from m2mwire.reconnect import parse_reconnect
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, SessionConfig
-from m2mwire.session.core import Role, SessionProtocol
+from m2mwire.session.core import SessionProtocol
+from m2mwire.session.states import Role
 from m2mwire.shell.session import Session
 from m2mwire.shell.warmup import warm_tokenizers
 from m2mwire.transport import registry

@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from m2mwire.session.core import Closed, SessionInfo, Stats
+    from m2mwire.session.events import Closed, SessionInfo, Stats
     from m2mwire.shell.session import Session
 
 __all__ = ["HostedSession"]

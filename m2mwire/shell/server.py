@@ -19,7 +19,9 @@ from m2mwire.errors import ConfigError, M2MError, SessionRejected
 from m2mwire.lifecycle import Listening
 from m2mwire.options import ServeOptions, parse_url, split_options
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT
-from m2mwire.session.core import ResumeRequested, Role, SessionProtocol, Stats
+from m2mwire.session.core import SessionProtocol
+from m2mwire.session.events import ResumeRequested, Stats
+from m2mwire.session.states import Role
 from m2mwire.shell.hosting import HostedSession
 from m2mwire.shell.serverstats import ServerStats, add_stats
 from m2mwire.shell.session import HandedOver, ServerSide, Session

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from m2mwire.session.core import Stats
+from m2mwire.session.events import Stats
 
 __all__ = ["ServerStats", "add_stats"]
 

@@ -33,28 +33,29 @@ from m2mwire.errors import (
 )
 from m2mwire.reconnect import Reconnect
 from m2mwire.schemas.codes import SessionCode
-from m2mwire.session.core import (
+from m2mwire.session.core import SessionProtocol
+from m2mwire.session.events import (
+    Closed,
+    Detached,
+    Established,
+    HelloReceived,
+    Resumed,
+    ResumeRequested,
+    SessionInfo,
+    Stats,
+    closed_error,
+)
+from m2mwire.session.outputs import CloseTransport, SendMessage
+from m2mwire.session.payload import (
     AVP_MORE_KEY,
     AVP_REPLY_TO_KEY,
     AVP_REQUEST_ID_KEY,
     AVP_RESERVED_PREFIX,
-    Closed,
-    CloseTransport,
-    Detached,
-    Established,
-    HelloReceived,
     Message,
-    Resumed,
-    ResumeRequested,
-    SendMessage,
     SentInfo,
-    SessionInfo,
-    SessionProtocol,
-    State,
-    Stats,
-    closed_error,
     queued_cost,
 )
+from m2mwire.session.states import State
 from m2mwire.shell.sessionlog import log, log_closed, log_opened
 from m2mwire.transport.base import Buffer, Channel, RoutedChannel
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from m2mwire.session.core import Closed, SessionInfo, Stats
+from m2mwire.session.events import Closed, SessionInfo, Stats
 
 __all__ = ["log", "log_closed", "log_opened"]
 

@@ -7,7 +7,7 @@ import asyncio
 from m2mwire.codecs import Algorithm
 from m2mwire.errors import M2MError
 from m2mwire.session.config import SessionConfig
-from m2mwire.session.core import SessionInfo
+from m2mwire.session.events import SessionInfo
 from m2mwire.shell.sessionlog import log
 
 __all__ = ["warm_tokenizers"]

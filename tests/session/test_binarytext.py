@@ -15,7 +15,10 @@ from m2mwire.codecs.select import is_prefix_like
 from m2mwire.errors import EncodeError
 from m2mwire.schemas.messages import DataPayload, encode_data_bytes
 from m2mwire.session.binarytext import BINARY_TEXT_KIND, BINARY_TEXT_MIN
-from m2mwire.session.core import Message, Role, SendMessage, SessionProtocol
+from m2mwire.session.core import SessionProtocol
+from m2mwire.session.outputs import SendMessage
+from m2mwire.session.payload import Message
+from m2mwire.session.states import Role
 from tests.session.test_core import cfg, drain, pair, pump
 from tests.session.test_zstd_session import violation
 

@@ -27,17 +27,11 @@ from m2mwire.errors import (
 )
 from m2mwire.schemas.identity import ModelIdentity
 from m2mwire.session.config import SessionConfig, Timers
-from m2mwire.session.core import (
-    Closed,
-    CloseTransport,
-    Established,
-    HelloReceived,
-    Message,
-    Role,
-    SendMessage,
-    SessionProtocol,
-    State,
-)
+from m2mwire.session.core import SessionProtocol
+from m2mwire.session.events import Closed, Established, HelloReceived
+from m2mwire.session.outputs import CloseTransport, SendMessage
+from m2mwire.session.payload import Message
+from m2mwire.session.states import Role, State
 
 IDENT = ModelIdentity(model_family="llama", model_id="tiny", model_hash="ab" * 32, hidden_dim=8, num_layers=2)
 

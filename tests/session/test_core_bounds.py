@@ -13,17 +13,11 @@ import pytest
 from m2mwire.codecs import Encoding
 from m2mwire.errors import LimitExceeded, SessionClosed, SessionTimeout
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, SessionConfig, Timers, transport_limit
-from m2mwire.session.core import (
-    Closed,
-    CloseTransport,
-    Message,
-    Role,
-    SendMessage,
-    SessionProtocol,
-    State,
-    closed_error,
-    queued_cost,
-)
+from m2mwire.session.core import SessionProtocol
+from m2mwire.session.events import Closed, closed_error
+from m2mwire.session.outputs import CloseTransport, SendMessage
+from m2mwire.session.payload import Message, queued_cost
+from m2mwire.session.states import Role, State
 
 
 def cfg(**kw: Any) -> SessionConfig:

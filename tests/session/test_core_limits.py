@@ -16,7 +16,10 @@ from m2mwire import avp
 from m2mwire.codecs.avp import payload_size
 from m2mwire.codecs.compressed import encode_brotli
 from m2mwire.errors import LimitExceeded
-from m2mwire.session.core import Closed, CloseTransport, Message, SessionProtocol
+from m2mwire.session.core import SessionProtocol
+from m2mwire.session.events import Closed
+from m2mwire.session.outputs import CloseTransport
+from m2mwire.session.payload import Message
 from tests.session.test_core import IDENT, cfg, data_message, drain, pair
 
 MiB = 1 << 20

@@ -10,7 +10,9 @@ import json
 from typing import Any
 
 from m2mwire.session.config import SessionConfig, make_config
-from m2mwire.session.core import CloseTransport, Role, SendMessage, SessionProtocol, State
+from m2mwire.session.core import SessionProtocol
+from m2mwire.session.outputs import CloseTransport, SendMessage
+from m2mwire.session.states import Role, State
 from tests.session.test_core import IDENT
 
 

@@ -18,20 +18,12 @@ from m2mwire.errors import ProtocolError, SessionClosed
 from m2mwire.schemas.identity import ModelIdentity
 from m2mwire.session.binarytext import BINARY_TEXT_MIN, BinaryTextMessage
 from m2mwire.session.config import SessionConfig, ZstdOptions
-from m2mwire.session.core import (
-    Closed,
-    CloseTransport,
-    Detached,
-    Established,
-    Message,
-    Resumed,
-    ResumeRequested,
-    Role,
-    SendMessage,
-    SessionProtocol,
-    State,
-)
+from m2mwire.session.core import SessionProtocol
+from m2mwire.session.events import Closed, Detached, Established, Resumed, ResumeRequested
+from m2mwire.session.outputs import CloseTransport, SendMessage
+from m2mwire.session.payload import Message
 from m2mwire.session.resume import ACK_EVERY, REPLAY_REFILL, REPLAY_REFUND, ResumeState
+from m2mwire.session.states import Role, State
 
 IDENT = ModelIdentity(model_family="llama", model_id="tiny", model_hash="ab" * 32, hidden_dim=4, num_layers=2)
 

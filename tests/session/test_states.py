@@ -24,8 +24,10 @@ from m2mwire.schemas.messages import (
     encode_message,
 )
 from m2mwire.session.config import SessionConfig
-from m2mwire.session.core import Closed, CloseTransport, Role, SendMessage, SessionProtocol, State
-from m2mwire.session.states import BINARY, Inbound, expected
+from m2mwire.session.core import SessionProtocol
+from m2mwire.session.events import Closed
+from m2mwire.session.outputs import CloseTransport, SendMessage
+from m2mwire.session.states import BINARY, Inbound, Role, State, expected
 
 SID = "00000000-0000-4000-8000-000000000000"
 KINDS: list[Inbound] = [*MessageType, BINARY]

@@ -19,7 +19,11 @@ from m2mwire.codecs.zstdcontext import (
 )
 from m2mwire.errors import LimitExceeded, ProtocolError
 from m2mwire.session.config import ZstdOptions, make_config
-from m2mwire.session.core import Closed, Message, Role, SendMessage, SessionProtocol, State
+from m2mwire.session.core import SessionProtocol
+from m2mwire.session.events import Closed
+from m2mwire.session.outputs import SendMessage
+from m2mwire.session.payload import Message
+from m2mwire.session.states import Role, State
 from m2mwire.workloads import workload
 from tests.session.test_core import cfg, drain, pair, pump
 
