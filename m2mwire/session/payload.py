@@ -48,7 +48,12 @@ from m2mwire.session.binarytext import BINARY_TEXT_KIND, BinaryText
 from m2mwire.session.zstdstate import ZstdMessage, ZstdSessionState, text_form_bound
 
 if TYPE_CHECKING:
-    from m2mwire.codecs.avp import AVPMessage  # imported when a frame arrives: numpy stays off text sessions
+    from m2mwire.codecs.avp import (
+        AVPMessage,  # imported when a frame arrives: numpy stays off text sessions
+        AVPMetadata,
+    )
+    from m2mwire.session.config import SessionConfig
+    from m2mwire.session.events import SessionInfo
 
 __all__ = [
     "AVP_MORE_KEY",
@@ -57,6 +62,8 @@ __all__ = [
     "AVP_RESERVED_PREFIX",
     "Message",
     "SentInfo",
+    "avp_extra",
+    "avp_metadata",
     "check_avp_frame",
     "check_payload_size",
     "correlate",
@@ -381,6 +388,57 @@ def correlate(
         payload.traceparent = trace.get("traceparent", msgspec.UNSET)
         payload.tracestate = trace.get("tracestate", msgspec.UNSET)
     return payload
+
+
+def avp_extra(
+    extra: Mapping[str, str] | None,
+    *,
+    tensor: bool,
+    request_id: str | None = None,
+    reply_to: str | None = None,
+    more: bool = False,
+) -> Mapping[str, str] | None:
+    """The ``extra`` map of an AVP frame: the application's own keys, which may not use the
+    reserved prefix, plus a request's or an answer's correlation ids (docs/PROTOCOL.md "Requests
+    and streams"), which only a frame built here from a tensor (``tensor``) can carry."""
+    if extra and any(key.startswith(AVP_RESERVED_PREFIX) for key in extra):
+        raise EncodeError(
+            f"extra= keys starting with {AVP_RESERVED_PREFIX!r} are reserved for m2mwire's "
+            "request correlation; rename them (a received message's .extra leaves them out)"
+        )
+    if request_id is None and reply_to is None:
+        return extra
+    if not tensor:
+        raise EncodeError(
+            "requests and replies carry AVP content as a numpy tensor (its correlation "
+            "ids go in the frame's extra map), not as an already-encoded frame"
+        )
+    ids = dict(extra or {})
+    if request_id is not None:
+        ids[AVP_REQUEST_ID_KEY] = request_id
+    if reply_to is not None:
+        ids[AVP_REPLY_TO_KEY] = reply_to
+        ids[AVP_MORE_KEY] = "1" if more else "0"
+    return ids
+
+
+def avp_metadata(info: SessionInfo, config: SessionConfig) -> AVPMetadata:
+    """The metadata of the AVP frames a session sends: its ids, the peer's agent id and the model
+    identity it negotiated latent mode with (one object for all of them: identical metadata keeps
+    ``encode_parts`` on its fast path). Loads numpy and protobuf: call it on the first tensor."""
+    from m2mwire.codecs.avp import AVPMetadata, CommunicationMode
+
+    identity = config.identity
+    return AVPMetadata(
+        session_id=info.session_id,
+        source_agent_id=config.agent_id,
+        target_agent_id=info.peer_agent_id,
+        model_id=identity.model_id if identity is not None else "",
+        hidden_dim=identity.hidden_dim if identity is not None else 0,
+        num_layers=identity.num_layers if identity is not None else 0,
+        mode=CommunicationMode.LATENT,
+        avp_map_id=info.avp_map_id,
+    )
 
 
 def encode_binary(

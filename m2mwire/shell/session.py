@@ -47,12 +47,10 @@ from m2mwire.session.events import (
 )
 from m2mwire.session.outputs import CloseTransport, SendMessage
 from m2mwire.session.payload import (
-    AVP_MORE_KEY,
-    AVP_REPLY_TO_KEY,
-    AVP_REQUEST_ID_KEY,
-    AVP_RESERVED_PREFIX,
     Message,
     SentInfo,
+    avp_extra,
+    avp_metadata,
     queued_cost,
 )
 from m2mwire.session.states import State
@@ -378,23 +376,10 @@ class Session:
                     trace=trace,
                 )
         else:
-            if extra and any(key.startswith(AVP_RESERVED_PREFIX) for key in extra):
-                raise EncodeError(
-                    f"extra= keys starting with {AVP_RESERVED_PREFIX!r} are reserved for m2mwire's "
-                    "request correlation; rename them (a received message's .extra leaves them out)"
+            if extra or request_id is not None or reply_to is not None:
+                extra = avp_extra(
+                    extra, tensor=is_ndarray(content), request_id=request_id, reply_to=reply_to, more=more
                 )
-            if request_id is not None or reply_to is not None:
-                if not is_ndarray(content):
-                    raise EncodeError(
-                        "requests and replies carry AVP content as a numpy tensor (its correlation "
-                        "ids go in the frame's extra map), not as an already-encoded frame"
-                    )
-                extra = dict(extra or {})
-                if request_id is not None:
-                    extra[AVP_REQUEST_ID_KEY] = request_id
-                if reply_to is not None:
-                    extra[AVP_REPLY_TO_KEY] = reply_to
-                    extra[AVP_MORE_KEY] = "1" if more else "0"
             sent = self._protocol.send_frame(self._avp_parts(content, extra), now)
         protocol = self._protocol
         if not self._writing and not self._transport_closed:
@@ -740,25 +725,13 @@ class Session:
         )
 
     def _build_avp_metadata(self) -> AVPMetadata:
-        """The session's AVP metadata, built on its first tensor (identical metadata keeps
-        encode_parts on its fast path); also binds the encoder, so that numpy and protobuf load
-        only for sessions that send tensors, and later tensors skip the import statement."""
-        from m2mwire import avp
+        """The session's AVP metadata (session/payload.py), kept from its first tensor; also
+        binds the encoder, so that numpy and protobuf load only for sessions that send tensors,
+        and later tensors skip the import statement."""
+        from m2mwire.codecs.avp import encode_parts
 
-        info = self.info
-        identity = self._protocol.config.identity
-        metadata = avp.AVPMetadata(
-            session_id=info.session_id,
-            source_agent_id=self._protocol.config.agent_id,
-            target_agent_id=info.peer_agent_id,
-            model_id=identity.model_id if identity is not None else "",
-            hidden_dim=identity.hidden_dim if identity is not None else 0,
-            num_layers=identity.num_layers if identity is not None else 0,
-            mode=avp.CommunicationMode.LATENT,
-            avp_map_id=info.avp_map_id,
-        )
-        self._avp_metadata = metadata
-        self._avp_encode = avp.encode_parts
+        metadata = self._avp_metadata = avp_metadata(self.info, self._protocol.config)
+        self._avp_encode = encode_parts
         return metadata
 
     def _after_protocol_step(self) -> None:

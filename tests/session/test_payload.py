@@ -24,6 +24,7 @@ from m2mwire.session.payload import (
     AVP_REPLY_TO_KEY,
     AVP_REQUEST_ID_KEY,
     Message,
+    avp_extra,
     check_avp_frame,
     check_payload_size,
     correlate,
@@ -386,3 +387,17 @@ def test_the_frame_measure_fast_path_is_taken() -> None:
     size, head = payload._frame_size_and_head(parts)
     assert head is parts[0]  # the general path builds a bytearray instead
     assert size == len(b"".join(parts))
+
+
+def test_avp_extra_adds_the_correlation_ids_and_guards_the_reserved_keys() -> None:
+    assert avp_extra({"layer": "7"}, tensor=False) == {"layer": "7"}  # a plain frame: as given
+    assert avp_extra({"layer": "7"}, tensor=True, reply_to="r1", more=True) == {
+        "layer": "7",
+        AVP_REPLY_TO_KEY: "r1",
+        AVP_MORE_KEY: "1",
+    }
+    assert avp_extra(None, tensor=True, request_id="q1") == {AVP_REQUEST_ID_KEY: "q1"}
+    with pytest.raises(EncodeError, match="reserved for m2mwire"):
+        avp_extra({AVP_REQUEST_ID_KEY: "forged"}, tensor=True)
+    with pytest.raises(EncodeError, match="numpy tensor"):
+        avp_extra(None, tensor=False, request_id="q1")  # an encoded frame cannot take the ids
