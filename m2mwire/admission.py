@@ -15,6 +15,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from m2mwire.errors import ConfigError, Reject
+from m2mwire.schemas.codes import RejectCode
 from m2mwire.schemas.identity import ModelIdentity
 from m2mwire.schemas.messages import Capabilities, LatentCaps
 
@@ -104,14 +105,18 @@ class Admission:
         """None to accept (a slot is then held until :meth:`release`), or the Reject to send."""
         if self.closing:
             return Reject(
-                "RATE_LIMITED", "the server is shutting down and takes no new session; connect again"
+                RejectCode.RATE_LIMITED, "the server is shutting down and takes no new session; connect again"
             )
         host = hello.remote_address[0]
         if self.max_sessions is not None and self.total >= self.max_sessions:
-            return Reject("RATE_LIMITED", f"the server is at its limit of {self.max_sessions} sessions")
+            return Reject(
+                RejectCode.RATE_LIMITED, f"the server is at its limit of {self.max_sessions} sessions"
+            )
         held = self._per_host.get(host, 0)
         if self.max_sessions_per_peer is not None and held >= self.max_sessions_per_peer:
-            return Reject("RATE_LIMITED", f"at most {self.max_sessions_per_peer} sessions per client address")
+            return Reject(
+                RejectCode.RATE_LIMITED, f"at most {self.max_sessions_per_peer} sessions per client address"
+            )
         self.total += 1
         self._per_host[host] = held + 1
         verdict: Reject | None = None
@@ -126,7 +131,7 @@ class Admission:
             # The application's check failed: refuse (never admit on an error), say nothing of
             # its internals to the client, and leave the traceback to the server's log.
             log.exception("on_hello check failed for %s from %s", hello.agent_id[:64], host)
-            verdict = Reject("UNKNOWN", "the server's admission check failed")
+            verdict = Reject(RejectCode.UNKNOWN, "the server's admission check failed")
         except BaseException:
             self.release(host)
             raise

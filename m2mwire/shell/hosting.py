@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol
 
+from m2mwire.schemas.codes import SessionCode
+
 if TYPE_CHECKING:
     from m2mwire.session.events import Closed, SessionInfo, Stats
     from m2mwire.shell.session import Session
@@ -55,7 +57,7 @@ class HostedSession(Protocol):
         """After ``HandedOver``: until the resumed session stops using this connection."""
         ...
 
-    async def close(self, reason: str, code: str = "NORMAL", *, wait_resume: bool = True) -> None:
+    async def close(self, reason: str, code: str = SessionCode.NORMAL, *, wait_resume: bool = True) -> None:
         """CLOSE with ``code`` (e.g. INTERNAL_ERROR when the handler failed), bounded in time."""
         ...
 

@@ -18,6 +18,7 @@ from m2mwire.admission import Admission
 from m2mwire.errors import ConfigError, M2MError, SessionRejected
 from m2mwire.lifecycle import Listening
 from m2mwire.options import ServeOptions, parse_url, split_options
+from m2mwire.schemas.codes import SessionCode
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT
 from m2mwire.session.core import SessionProtocol
 from m2mwire.session.events import ResumeRequested, Stats
@@ -122,7 +123,9 @@ class Server(Listening):
         except Exception as exc:
             log.exception("session handler failed for session %s", session.session_id or "-")
             # Tell the peer the session failed (not a clean end): CLOSE INTERNAL_ERROR, then 1011.
-            await session.close(f"the server's handler failed ({type(exc).__name__})", "INTERNAL_ERROR")
+            await session.close(
+                f"the server's handler failed ({type(exc).__name__})", SessionCode.INTERNAL_ERROR
+            )
         finally:
             self._forget_resumable(session)
             if task is not None:
@@ -139,7 +142,7 @@ class Server(Listening):
             return
         del self._resumable[sid]
         closed = session.closed
-        self._ended_ids[sid] = closed.code if closed is not None else "NORMAL"
+        self._ended_ids[sid] = closed.code if closed is not None else SessionCode.NORMAL
         while len(self._ended_ids) > _ENDED_IDS_KEPT:
             self._ended_ids.popitem(last=False)
 

@@ -540,7 +540,7 @@ class Session:
         """
         await self._close(reason)
 
-    async def _close(self, reason: str, code: str = "NORMAL", *, wait_resume: bool = True) -> None:
+    async def _close(self, reason: str, code: str = SessionCode.NORMAL, *, wait_resume: bool = True) -> None:
         if wait_resume and self._protocol.resume is not None:
             await self._deliver_retained()
         timeout = self._protocol.config.timers.close_timeout
@@ -1170,7 +1170,7 @@ class ServerSide:
         while target._channel is session._channel and not target._channel_done.done():
             await asyncio.shield(target._channel_done)
 
-    async def close(self, reason: str, code: str = "NORMAL", *, wait_resume: bool = True) -> None:
+    async def close(self, reason: str, code: str = SessionCode.NORMAL, *, wait_resume: bool = True) -> None:
         await self._session._close(reason, code, wait_resume=wait_resume)
 
     async def shutdown(self) -> None:
