@@ -11,10 +11,10 @@ keeps the enums and that table equal.
 
 from __future__ import annotations
 
-from enum import StrEnum
+from enum import IntEnum, StrEnum
 from typing import NamedTuple
 
-__all__ = ["RejectCode", "SessionCode", "Violation"]
+__all__ = ["CloseCode", "RejectCode", "SessionCode", "Violation"]
 
 
 class RejectCode(StrEnum):
@@ -61,6 +61,22 @@ class SessionCode(StrEnum):
     RECONNECT_GAVE_UP = "RECONNECT_GAVE_UP"
     # Local only: a SessionProtocol method called in a state where it cannot act (never sent).
     INVALID_STATE = "INVALID_STATE"
+
+
+class CloseCode(IntEnum):
+    """The channel close codes m2mwire uses, WebSocket's (RFC 6455 section 7.4.1), on every
+    transport: a QUIC or NATS channel's CLOSE and ABORT carry the same numbers. Members are ints
+    (``CloseCode.NORMAL == 1000``), so a peer's code outside this list is reported as it came."""
+
+    NORMAL = 1000
+    GOING_AWAY = 1001
+    PROTOCOL_ERROR = 1002
+    ABNORMAL = 1006  # never sent in a close frame: how a lost or aborted connection is reported
+    INVALID_DATA = 1007  # a text message that is not UTF-8
+    POLICY_VIOLATION = 1008
+    TOO_BIG = 1009
+    INTERNAL_ERROR = 1011
+    TRY_AGAIN_LATER = 1013
 
 
 class Violation(NamedTuple):

@@ -46,7 +46,7 @@ from m2mwire.errors import (
     SessionRejected,
     SessionTimeout,
 )
-from m2mwire.schemas.codes import RejectCode, SessionCode, Violation
+from m2mwire.schemas.codes import CloseCode, RejectCode, SessionCode, Violation
 from m2mwire.schemas.messages import (
     PROTOCOL_VERSION,
     TOO_DEEP,
@@ -87,13 +87,7 @@ from m2mwire.session.negotiation import (
     negotiate_server,
 )
 from m2mwire.session.outputs import (
-    CLOSE_GOING_AWAY,
-    CLOSE_INTERNAL_ERROR,
-    CLOSE_INVALID_DATA,
-    CLOSE_NORMAL,
-    CLOSE_PROTOCOL_ERROR,
     CLOSE_REASON_BYTES,
-    CLOSE_TOO_BIG,
     CloseTransport,
     Output,
     SendMessage,
@@ -195,7 +189,7 @@ class SessionProtocol:
         # content on both sides (PROTOCOL.md "Resource bounds"), so decoders stop at it.
         self._limits = config.limits
         self._peer_close: Closed | None = None  # the peer's CLOSE, while in CLOSE_RECEIVED
-        self._close_code = CLOSE_NORMAL  # transport close code once our CLOSE is acknowledged
+        self._close_code = CloseCode.NORMAL  # transport close code once our CLOSE is acknowledged
         self._close_reason: str | None = None  # ... and its reason, when not the event's code
         self._warned_at = -WARNING_INTERVAL  # rate limit of _warn()
         self._warnings_suppressed = 0
@@ -280,16 +274,16 @@ class SessionProtocol:
             self._fail(
                 ProtocolError(f"text message is {exc}", code=SessionCode.MALFORMED_MESSAGE),
                 SessionCode.MALFORMED_MESSAGE,
-                CLOSE_INVALID_DATA,
+                CloseCode.INVALID_DATA,
             )
             return None
         try:
             msg = decode_message(data, limits=self.config.limits)
         except LimitExceeded as exc:
-            self._fail(exc, SessionCode.MESSAGE_TOO_BIG, CLOSE_TOO_BIG)
+            self._fail(exc, SessionCode.MESSAGE_TOO_BIG, CloseCode.TOO_BIG)
             return None
         except ProtocolError as exc:
-            self._fail(exc, exc.code, CLOSE_PROTOCOL_ERROR)
+            self._fail(exc, exc.code, CloseCode.PROTOCOL_ERROR)
             return None
         if msg.type is None:
             self._warn(now, "ignoring message of unknown type %r", _bounded(msg.type_name))
@@ -583,10 +577,10 @@ class SessionProtocol:
         if self.state is State.ESTABLISHED:
             self._begin_close(code, reason, now)
             if code == SessionCode.INTERNAL_ERROR:
-                self._close_code, self._close_reason = CLOSE_INTERNAL_ERROR, code
+                self._close_code, self._close_reason = CloseCode.INTERNAL_ERROR, code
             return
         # Not established yet: there is no session to close on the wire.
-        self._finish(Closed(code, reason, by_peer=False), CLOSE_NORMAL)
+        self._finish(Closed(code, reason, by_peer=False), CloseCode.NORMAL)
 
     def acknowledge_close(self) -> None:
         """In CLOSE_RECEIVED: the application is done (it asked for more than was received before
@@ -596,7 +590,7 @@ class SessionProtocol:
             return
         self._finish_replay()
         self._send_close(SessionCode.NORMAL, "acknowledged")
-        self._finish(peer_close, CLOSE_NORMAL)
+        self._finish(peer_close, CloseCode.NORMAL)
 
     def write_stalled(self, waited: float) -> None:
         """The shell could not hand one message to the transport for ``waited`` seconds: the peer
@@ -651,7 +645,7 @@ class SessionProtocol:
             waited = "ACCEPT" if self.role is Role.CLIENT else "HELLO"
             err = SessionTimeout(f"no {waited} within {t.hello_timeout:g} s (hello_timeout)")
             self._finish(
-                Closed(SessionCode.HELLO_TIMEOUT, str(err), by_peer=False, error=err), CLOSE_GOING_AWAY
+                Closed(SessionCode.HELLO_TIMEOUT, str(err), by_peer=False, error=err), CloseCode.GOING_AWAY
             )
             return
         if self._close_deadline is not None and now >= self._close_deadline:
@@ -675,7 +669,7 @@ class SessionProtocol:
                     return
                 self._send_close(SessionCode.PONG_TIMEOUT, str(err))
                 self._finish(
-                    Closed(SessionCode.PONG_TIMEOUT, str(err), by_peer=False, error=err), CLOSE_GOING_AWAY
+                    Closed(SessionCode.PONG_TIMEOUT, str(err), by_peer=False, error=err), CloseCode.GOING_AWAY
                 )
                 return
             self._ping(now)
@@ -865,13 +859,13 @@ class SessionProtocol:
                 code=payload.code,
                 reason=payload.message,
             )
-            self._finish(Closed(payload.code, payload.message, by_peer=True, error=refused), CLOSE_NORMAL)
+            self._finish(Closed(payload.code, payload.message, by_peer=True, error=refused), CloseCode.NORMAL)
             return
         assert isinstance(payload, Rejection)
         err = SessionRejected(
             f"server rejected the session: {payload.code}: {payload.message}", code=payload.code
         )
-        self._finish(Closed(payload.code, payload.message, by_peer=True, error=err), CLOSE_NORMAL)
+        self._finish(Closed(payload.code, payload.message, by_peer=True, error=err), CloseCode.NORMAL)
 
     def _on_data(self, sid: str | None, payload: Any, now: float) -> Message | None:
         if sid != self._session_id:
@@ -959,7 +953,7 @@ class SessionProtocol:
             self._close_deadline = now + self.config.timers.close_timeout / 2
             self._pong_deadline = None
             return
-        self._finish(closed, CLOSE_NORMAL)
+        self._finish(closed, CloseCode.NORMAL)
 
     # -- resume (docs/PROTOCOL.md "Resume") ------------------------------------------------------
 
@@ -1070,7 +1064,9 @@ class SessionProtocol:
                 code=SessionCode.RESUME_UNKNOWN,
             )
             self._send_close(SessionCode.RESUME_UNKNOWN, str(err))
-            self._finish(Closed(SessionCode.RESUME_UNKNOWN, str(err), by_peer=True, error=err), CLOSE_NORMAL)
+            self._finish(
+                Closed(SessionCode.RESUME_UNKNOWN, str(err), by_peer=True, error=err), CloseCode.NORMAL
+            )
             return
         self._resuming = False
         self._live = True
@@ -1268,7 +1264,7 @@ class SessionProtocol:
             limit=limit,
             actual=size,
         )
-        self._fail(err, SessionCode.MESSAGE_TOO_BIG, CLOSE_TOO_BIG)
+        self._fail(err, SessionCode.MESSAGE_TOO_BIG, CloseCode.TOO_BIG)
 
     def _large_message_allowed(self, data: bytes) -> bool:
         """A message over CONTROL_MESSAGE_LIMIT may only be DATA (within max_payload) in an
@@ -1291,7 +1287,7 @@ class SessionProtocol:
             limit=CONTROL_MESSAGE_LIMIT,
             actual=size,
         )
-        self._fail(err, SessionCode.MESSAGE_TOO_BIG, CLOSE_TOO_BIG)
+        self._fail(err, SessionCode.MESSAGE_TOO_BIG, CloseCode.TOO_BIG)
         return False
 
     def _deliver(self, message: Message, now: float) -> Message:
@@ -1350,7 +1346,7 @@ class SessionProtocol:
         message = _bounded(message)
         self._send_text(encode_message(MessageType.REJECT, Rejection(code=code, message=message)))
         err = SessionRejected(f"rejected the client's HELLO: {code}: {message}", code=code)
-        self._finish(Closed(code, message, by_peer=False, error=err), CLOSE_NORMAL)
+        self._finish(Closed(code, message, by_peer=False, error=err), CloseCode.NORMAL)
 
     def _refuse_data(self, what: str, exc: M2MError) -> None:
         """Received DATA that cannot be delivered: content decoding past this session's size bounds
@@ -1367,7 +1363,7 @@ class SessionProtocol:
             if exc.limit == self._payload_limit:
                 why += f" (the negotiated max_payload, {self._payload_limit} bytes, bounds decoded content)"
             err = LimitExceeded(why, limit=exc.limit, actual=exc.actual)
-            self._fail(err, SessionCode.MESSAGE_TOO_BIG, CLOSE_TOO_BIG)
+            self._fail(err, SessionCode.MESSAGE_TOO_BIG, CloseCode.TOO_BIG)
             return
         self._protocol_violation(f"undecodable {what}: {exc}", SessionCode.INVALID_DATA)
 
@@ -1386,7 +1382,7 @@ class SessionProtocol:
         self._protocol_violation(violation.message, violation.code)
 
     def _protocol_violation(self, message: str, code: str) -> None:
-        self._fail(ProtocolError(message, code=code), code, CLOSE_PROTOCOL_ERROR)
+        self._fail(ProtocolError(message, code=code), code, CloseCode.PROTOCOL_ERROR)
 
     def _fail(self, err: M2MError, code: str, close_code: int) -> None:
         """The peer broke the rules: tell it why (REJECT before a session exists, else CLOSE), then end."""

@@ -10,13 +10,7 @@ import msgspec
 from m2mwire.codecs.buffers import Buffer
 
 __all__ = [
-    "CLOSE_GOING_AWAY",
-    "CLOSE_INTERNAL_ERROR",
-    "CLOSE_INVALID_DATA",
-    "CLOSE_NORMAL",
-    "CLOSE_PROTOCOL_ERROR",
     "CLOSE_REASON_BYTES",
-    "CLOSE_TOO_BIG",
     "CloseTransport",
     "Output",
     "SendMessage",
@@ -42,7 +36,7 @@ class SendMessage(msgspec.Struct, frozen=True):
 
 @dataclass(frozen=True, slots=True)
 class CloseTransport:
-    """Close the channel underneath (WebSocket close code semantics)."""
+    """Close the channel underneath with ``code`` (a :class:`~m2mwire.schemas.codes.CloseCode`)."""
 
     code: int
     reason: str
@@ -50,13 +44,6 @@ class CloseTransport:
 
 Output = SendMessage | CloseTransport
 
-# WebSocket-style close codes used for CloseTransport.
-CLOSE_NORMAL = 1000
-CLOSE_PROTOCOL_ERROR = 1002
-CLOSE_INVALID_DATA = 1007  # a text message that is not UTF-8 (as a WebSocket endpoint closes)
-CLOSE_TOO_BIG = 1009
-CLOSE_GOING_AWAY = 1001
-CLOSE_INTERNAL_ERROR = 1011
 # A close reason's UTF-8 bytes at most (RFC 6455 section 5.5: a control frame's body is 125
 # bytes, 2 of them the code; QUIC and NATS channels carry as much), cut at a character's end.
 CLOSE_REASON_BYTES = 123

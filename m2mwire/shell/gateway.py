@@ -31,6 +31,7 @@ from m2mwire.codecs.utf8 import check_utf8
 from m2mwire.errors import ConfigError, M2MError, ResumeImpossible, TransportError
 from m2mwire.lifecycle import Listening
 from m2mwire.options import parse_url, valid_options
+from m2mwire.schemas.codes import CloseCode
 from m2mwire.schemas.messages import (
     Capabilities,
     Decoded,
@@ -140,7 +141,9 @@ class Gateway(Listening):
             try:
                 hello = await asyncio.wait_for(outward.opening(pong), self._hello_timeout)
             except TimeoutError:
-                await _close_quietly(edge, 1008, f"no HELLO within {self._hello_timeout:g} s")
+                await _close_quietly(
+                    edge, CloseCode.POLICY_VIOLATION, f"no HELLO within {self._hello_timeout:g} s"
+                )
                 return
             except TransportError:
                 return  # gone while its PINGs were answered
@@ -220,7 +223,7 @@ class Gateway(Listening):
                 )
         except TransportError as exc:
             log.warning("gateway: no NATS session for %s: %s", edge.remote_address, exc)
-            await _close_quietly(edge, 1013, "no worker available; try again later")
+            await _close_quietly(edge, CloseCode.TRY_AGAIN_LATER, "no worker available; try again later")
             return None
 
     async def aclose(self) -> None:
@@ -366,7 +369,7 @@ class _Pipe:
                 # REJECT's 1002 as much as an orderly 1000: a client cannot tell the gateway from a
                 # direct server); a lost connection is lost there too.
                 if end.clean or _sendable_close_code(end.code):
-                    await _close_quietly(dst, end.code or 1000, end.reason or "")
+                    await _close_quietly(dst, end.code or CloseCode.NORMAL, end.reason or "")
                 else:
                     dst.abort()
                 return

@@ -32,7 +32,7 @@ from m2mwire.errors import (
     TransportError,
 )
 from m2mwire.reconnect import Reconnect
-from m2mwire.schemas.codes import SessionCode
+from m2mwire.schemas.codes import CloseCode, SessionCode
 from m2mwire.session.core import SessionProtocol
 from m2mwire.session.events import (
     Closed,
@@ -1079,7 +1079,7 @@ class Session:
         if self._protocol.state is not State.CLOSED:
             self._protocol.transport_closed()
             self._after_protocol_step()
-        await self._close_channel(1000, "")
+        await self._close_channel(CloseCode.NORMAL, "")
         if not self._channel_done.done():
             self._channel_done.set_result(None)
         if self._timer_handle is not None:

@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from m2mwire.errors import TransportError
+from m2mwire.schemas.codes import CloseCode
 from m2mwire.transport.base import Channel, ChannelHandler, OnMessage, OutgoingMessage, TransportConfig
 from m2mwire.transport.registry import Endpoint, Registration
 
@@ -124,7 +125,7 @@ class MemoryChannel:
             self._readable = self._loop.create_future()
             await self._readable
 
-    async def close(self, code: int = 1000, reason: str = "") -> None:
+    async def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
         """Send a close behind what was sent, wait for the peer's answer (it must read to give
         one: cancel or time out this call and abort, as with a real connection)."""
         if self.lost is None and self._closing is None:
@@ -136,7 +137,7 @@ class MemoryChannel:
         await self._closed_event.wait()
 
     def abort(self) -> None:
-        error = TransportError("in-memory connection aborted (1006)", code=1006)
+        error = TransportError("in-memory connection aborted (1006)", code=CloseCode.ABNORMAL)
         peer = self.peer
         self._end(error)
         if peer is not None:
@@ -170,7 +171,7 @@ class MemoryChannel:
     def _gone(self) -> TransportError:
         if self.lost is not None:
             return self.lost
-        return TransportError("in-memory connection closing", code=1000, clean=True)
+        return TransportError("in-memory connection closing", code=CloseCode.NORMAL, clean=True)
 
     def _has_room(self, size: int) -> bool:
         return self.buffered_bytes == 0 or self.buffered_bytes + size <= self._capacity
@@ -180,7 +181,9 @@ class MemoryChannel:
         size = len(message[0])
         if self._max and size > self._max:
             reason = f"message of {size} bytes over the {self._max}-byte limit"
-            error = TransportError(f"in-memory connection failed (1009 {reason})", code=1009, reason=reason)
+            error = TransportError(
+                f"in-memory connection failed (1009 {reason})", code=CloseCode.TOO_BIG, reason=reason
+            )
             peer = self.peer
             self._end(error)
             if peer is not None:

@@ -396,7 +396,9 @@ class WebSocketChannel:
             ws.protocol.fail(CloseCode.INVALID_DATA, reason)
             compat.flush(ws)
             raise TransportError(
-                f"WebSocket text message is not UTF-8 ({reason}): closed with 1007", code=1007, reason=reason
+                f"WebSocket text message is not UTF-8 ({reason}): closed with 1007",
+                code=CloseCode.INVALID_DATA,
+                reason=reason,
             ) from None
 
     def start_push(self, on_message: OnMessage, on_lost: OnLost) -> None:
@@ -416,7 +418,7 @@ class WebSocketChannel:
     def resume_reading(self) -> None:
         self._ws.m2m_pause_reading(False)
 
-    async def close(self, code: int = 1000, reason: str = "") -> None:
+    async def close(self, code: int = CloseCode.NORMAL_CLOSURE, reason: str = "") -> None:
         try:
             await self._ws.close(code, reason)
         finally:
@@ -433,7 +435,7 @@ class WebSocketChannel:
 
 def _closed(exc: ConnectionClosed) -> TransportError:
     frame = exc.rcvd or exc.sent
-    code = frame.code if frame is not None else 1006
+    code = frame.code if frame is not None else CloseCode.ABNORMAL_CLOSURE
     reason = frame.reason if frame is not None else ""
     clean = isinstance(exc, ConnectionClosedOK)
     detail = f"{code} {reason}".strip()

@@ -22,6 +22,7 @@ from nats.errors import ConnectionClosedError, OutboundBufferLimitError
 from nats.errors import Error as NatsError
 
 from m2mwire.errors import TransportError
+from m2mwire.schemas.codes import CloseCode
 from m2mwire.transport.base import Message, OnMessage, OutgoingMessage
 from m2mwire.transport.nats import compat
 from m2mwire.transport.nats import frames as f
@@ -237,7 +238,7 @@ class NatsChannel:
             self._drain_held()
         return message.decode() if text else message
 
-    async def close(self, code: int = 1000, reason: str = "") -> None:
+    async def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
         if self.lost is not None:
             self._unroute()
             return
@@ -255,7 +256,7 @@ class NatsChannel:
                 )
             )
 
-    def abort(self, code: int = 1006, reason: str = "aborted") -> None:
+    def abort(self, code: int = CloseCode.ABNORMAL, reason: str = "aborted") -> None:
         """Drop the channel at once, telling the peer ``code`` and ``reason`` (ABORT)."""
         if self.lost is not None:
             return
@@ -338,7 +339,7 @@ class NatsChannel:
                 self._protocol_error(
                     f"the peer sent past the credit it was given ({self._receiver.granted} bytes): "
                     "it does not follow the NATS channel's flow control",
-                    code=1008,
+                    code=CloseCode.POLICY_VIOLATION,
                 )
             return
         if self._paused or self._pull_full or self._held:
@@ -358,7 +359,7 @@ class NatsChannel:
                     f"the peer of this NATS session is gone: nothing has listened on its subject for "
                     f"{_MISSED_PROBES} liveness probes {self._probe_interval:g} s apart (its process "
                     "ended or lost its NATS connection)",
-                    code=1006,
+                    code=CloseCode.ABNORMAL,
                     reason="peer gone",
                 )
             )
@@ -393,7 +394,7 @@ class NatsChannel:
             return False
         self._protocol_error(
             f"incoming message of {size} bytes is over the limit of {self._max} bytes (max_payload)",
-            code=1009,
+            code=CloseCode.TOO_BIG,
         )
         return True
 
@@ -438,7 +439,7 @@ class NatsChannel:
                         f"NATS channel closed by the peer ({detail})",
                         code=code,
                         reason=reason,
-                        clean=code in (1000, 1001),
+                        clean=code in (CloseCode.NORMAL, CloseCode.GOING_AWAY),
                     )
                 )
                 return
@@ -501,7 +502,7 @@ class NatsChannel:
         receiver = self._receiver
         self._bus.publish_soon(self._out, f.pack_credit(receiver.last_in_order, receiver.granted))
 
-    def _protocol_error(self, text: str, code: int = 1002) -> None:
+    def _protocol_error(self, text: str, code: int = CloseCode.PROTOCOL_ERROR) -> None:
         log.warning("NATS session channel from %s: %s", self._remote, text)
         if self._out:
             self._bus.publish_soon(self._out, f.pack_close(f.ABORT, 0, code, text[:120]))

@@ -28,6 +28,7 @@ from nats.errors import TimeoutError as NatsTimeoutError
 
 from m2mwire.codecs.limits import MiB
 from m2mwire.errors import ConfigError, ResumeImpossible, TransportError
+from m2mwire.schemas.codes import CloseCode
 from m2mwire.transport.nats import frames as f
 from m2mwire.transport.nats.bus import Bus, acquire_bus, release_bus
 from m2mwire.transport.nats.channel import NatsChannel
@@ -320,7 +321,7 @@ class NatsListener:
         while len(half_open) >= self._max_half_open:
             oldest = next(iter(half_open))
             # abort() ends the channel, whose watch_opening callback removes it from half_open.
-            oldest.abort(1013, "too many sessions opening at once; try again")
+            oldest.abort(CloseCode.TRY_AGAIN_LATER, "too many sessions opening at once; try again")
             self.shed += 1
         now = asyncio.get_running_loop().time()
         if self.shed and now - self._shed_logged_at >= _SHED_LOG_EVERY:

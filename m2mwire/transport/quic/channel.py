@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final, Protocol, cast
 
 from m2mwire.errors import EncodeError, TransportError
+from m2mwire.schemas.codes import CloseCode
 from m2mwire.transport.base import Buffer, OnMessage, OutgoingMessage
 from m2mwire.transport.framing import (
     HEADER_SIZE,
@@ -338,7 +339,7 @@ class QuicChannel:
             finally:
                 self._recv_waiter = None
 
-    async def close(self, code: int = 1000, reason: str = "") -> None:
+    async def close(self, code: int = CloseCode.NORMAL, reason: str = "") -> None:
         """Orderly close: send a close frame (code, reason) and FIN after all queued data.
 
         Waits until the peer acknowledged everything (at most ``close_timeout`` seconds; then the
