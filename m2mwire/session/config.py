@@ -6,7 +6,7 @@ import math
 import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from m2mwire.codecs import Algorithm, Encoding, available_encodings, resolve_algorithm, resolve_encoding
 from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits, MiB
@@ -35,6 +35,12 @@ CONTROL_MESSAGE_LIMIT = 64 * 1024
 def transport_limit(max_payload: int) -> int:
     """The channel's incoming message limit for a session allowing ``max_payload`` (0 = none)."""
     return max(max_payload, CONTROL_MESSAGE_LIMIT) if max_payload > 0 else 0
+
+
+# Defaults that other places (the gateway, open_quic_connection(), the reconnect routes) share.
+DEFAULT_MAX_PAYLOAD: Final = 16 * MiB  # largest message accepted
+DEFAULT_RESUME_WINDOW: Final = 60.0  # seconds a server keeps a detached session for its client
+DEFAULT_RESUME_BUFFER: Final = 16 * MiB  # DATA retained until acknowledged
 
 
 # Preference order when the caller says nothing: token-efficient first, passthrough last. m2m (the
@@ -113,7 +119,7 @@ class SessionConfig:
     encodings: tuple[Encoding, ...] = ()  # empty = every tokenizer installed here
     preferred_encoding: Encoding | None = None  # None = the first of ``encodings``
     # The largest message we accept; 0 = announce none (limits.max_message_bytes applies).
-    max_payload: int = 16 * MiB
+    max_payload: int = DEFAULT_MAX_PAYLOAD
     identity: ModelIdentity | None = None  # offering one enables latent (AVP) mode
     agent_id: str = field(default_factory=lambda: str(uuid.uuid4()))
     agent_type: str = "m2mwire-python"
@@ -130,8 +136,8 @@ class SessionConfig:
     # Resume (docs/PROTOCOL.md "Resume"): a server offers it while resume_window > 0 (seconds a
     # detached session waits for its client; 0 turns resume off); a client offers it with
     # connect(reconnect=...). resume_buffer_bytes bounds the DATA retained until acknowledged.
-    resume_window: float = 60.0
-    resume_buffer_bytes: int = 16 * MiB
+    resume_window: float = DEFAULT_RESUME_WINDOW
+    resume_buffer_bytes: int = DEFAULT_RESUME_BUFFER
     resume: bool = False  # client: offer resume in HELLO (set by connect(reconnect=...))
     # Offer (and use) text DATA in binary form for large messages (docs/PROTOCOL.md §4, kind 'T').
     binary_text: bool = True
@@ -206,12 +212,12 @@ def make_config(options: dict[str, Any]) -> SessionConfig:
         ):
             what = "a whole count above 0" if name == "max_missed_pongs" else "a number above 0 (seconds)"
             raise ConfigError(f"timer {name} takes {what}, not {value!r}")
-    window = opts.get("resume_window", 60.0)
+    window = opts.get("resume_window", DEFAULT_RESUME_WINDOW)
     if isinstance(window, bool) or not isinstance(window, int | float) or window < 0:
         raise ConfigError(f"resume_window= takes seconds (0 turns resume off), not {window!r}")
     if not isinstance(opts.get("binary_text", True), bool):
         raise ConfigError(f"binary_text= takes True or False, not {opts['binary_text']!r}")
-    buffer = opts.get("resume_buffer_bytes", 16 * MiB)
+    buffer = opts.get("resume_buffer_bytes", DEFAULT_RESUME_BUFFER)
     if isinstance(buffer, bool) or not isinstance(buffer, int) or buffer < 1:
         raise ConfigError(f"resume_buffer_bytes= takes a number of bytes above 0, not {buffer!r}")
     max_payload = opts.get("max_payload", 0)

@@ -43,7 +43,6 @@ import itertools
 import secrets
 
 from m2mwire.codecs.buffers import Buffer
-from m2mwire.codecs.limits import MiB
 from m2mwire.errors import ProtocolError
 from m2mwire.schemas.codes import SessionCode
 from m2mwire.session.binarytext import BinaryTextMessage
@@ -52,7 +51,6 @@ from m2mwire.session.zstdstate import ZstdMessage
 __all__ = [
     "ACK_EVERY",
     "ACK_FRACTION",
-    "DEFAULT_RESUME_BUFFER",
     "REPLAY_REFILL",
     "REPLAY_REFUND",
     "ResumeState",
@@ -60,7 +58,6 @@ __all__ = [
     "new_token",
 ]
 
-DEFAULT_RESUME_BUFFER = 16 * MiB
 ACK_EVERY = 1024  # DATA messages received before an ACK is due, whatever their size
 ACK_FRACTION = 8  # ... or this fraction of the peer's retention buffer in bytes (module docstring)
 _TOKEN_BYTES = 32  # 256 bits of secret: a session id alone never resumes a session

@@ -26,7 +26,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from m2mwire.codecs.limits import MiB
 from m2mwire.codecs.utf8 import check_utf8
 from m2mwire.errors import ConfigError, M2MError, ResumeImpossible, TransportError
 from m2mwire.lifecycle import Listening
@@ -40,8 +39,14 @@ from m2mwire.schemas.messages import (
     decode_message,
     encode_message,
 )
-from m2mwire.session.config import CONTROL_MESSAGE_LIMIT, Timers, transport_limit
-from m2mwire.shell.resume_routes import DEFAULT_RESUME_WINDOW, ResumeRoutes
+from m2mwire.session.config import (
+    CONTROL_MESSAGE_LIMIT,
+    DEFAULT_MAX_PAYLOAD,
+    DEFAULT_RESUME_WINDOW,
+    Timers,
+    transport_limit,
+)
+from m2mwire.shell.resume_routes import ResumeRoutes
 from m2mwire.transport.base import Channel, Message, RoutedChannel, TransportConfig
 from m2mwire.transport.nats.options import NATS_OPTIONS
 
@@ -110,7 +115,7 @@ class Gateway(Listening):
 
         check_nats_window(self._nats_options)  # at the call, not at every relay
         # The largest message relayed; a session negotiating more than this cannot pass.
-        self._max = _number(options, "max_payload", 16 * MiB, 1, int)
+        self._max = _number(options, "max_payload", DEFAULT_MAX_PAYLOAD, 1, int)
         self._open_timeout = _number(options, "open_timeout", 10.0, 0.0, float)
         # The gateway opens the NATS channel once it has the client's HELLO (it decides where the
         # channel goes), so it bounds the wait for it itself, as a server does.

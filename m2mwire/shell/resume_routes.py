@@ -8,9 +8,8 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
-__all__ = ["DEFAULT_RESUME_WINDOW", "DETACHED_ROUTES_KEPT", "ResumeRoutes"]
+__all__ = ["DETACHED_ROUTES_KEPT", "ResumeRoutes"]
 
-DEFAULT_RESUME_WINDOW = 60.0  # serve()'s default resume_window
 # Detached sessions whose worker a gateway remembers at most (~300 bytes each: ~20 MB), whatever
 # the clients do; beyond it the oldest are forgotten (their resume goes to the queue group).
 DETACHED_ROUTES_KEPT = 65_536

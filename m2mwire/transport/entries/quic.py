@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from m2mwire.codecs.limits import MiB
+from m2mwire.session.config import DEFAULT_MAX_PAYLOAD
 from m2mwire.transport import certstore
 from m2mwire.transport.base import Channel, ChannelHandler, TransportConfig
 from m2mwire.transport.entries.listener import SocketListener
@@ -78,5 +78,5 @@ async def open_quic_connection(url: str, **options: Any) -> QuicClientConnection
     unknown = set(options) - {*_CLIENT_OPTIONS, "max_payload"}
     if unknown:
         raise TypeError(f"unknown option(s) for open_quic_connection(): {', '.join(sorted(unknown))}")
-    max_size = options.pop("max_payload", 16 * MiB)
+    max_size = options.pop("max_payload", DEFAULT_MAX_PAYLOAD)
     return await connect_quic(endpoint.host, endpoint.port, max_message_size=max_size, **options)
