@@ -59,7 +59,9 @@ class Channel(Protocol):
         ...
 
     def set_max_message_size(self, size: int) -> None:
-        """Change the incoming limit (the session sets it from the negotiated max_payload)."""
+        """Change the incoming limit: the session sets it from the negotiated max_payload once it
+        is established (and on each connection it resumes on), which is also how a channel knows
+        its session exists (the NATS worker bounds the channels still waiting for one)."""
         ...
 
     @property

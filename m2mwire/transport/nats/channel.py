@@ -144,9 +144,13 @@ class NatsChannel:
         bus.routes[in_subject] = self
 
     def watch_opening(self, done: Callable[[NatsChannel], None]) -> None:
-        """Call ``done(self)`` once: when the peer's first whole message (its HELLO) arrives, or
+        """Call ``done(self)`` once: when the session on this channel is established (the
+        session raises the channel's limit from the handshake's then: set_max_message_size), or
         when the channel ends first. Until then the channel is half-open: the worker holds it
-        for a NATS message that cost the peer nothing to send (NatsListener bounds how many)."""
+        for a NATS message that cost the peer nothing to send (NatsListener bounds how many).
+        Not the peer's first message: a PONG (or any message a server answers with nothing)
+        before the HELLO took the channel out of the bound, and a flood of OPENs each followed
+        by one held ~19 KiB per OPEN until hello_timeout (stop 30's attack run)."""
         self._opening = done
 
     def _opened(self) -> None:
@@ -179,6 +183,8 @@ class NatsChannel:
 
     def set_max_message_size(self, size: int) -> None:
         self._max = size
+        if self._opening is not None:
+            self._opened()  # the session is established (see watch_opening)
 
     @property
     def remote_address(self) -> str:
@@ -461,8 +467,6 @@ class NatsChannel:
         self._deliver(parts, self._parts_text)
 
     def _deliver(self, body: memoryview | bytearray, text: bool) -> None:
-        if self._opening is not None:
-            self._opened()
         # One copy, straight from the NATS payload or the reassembled chunks; a text message stays
         # bytes too: the session validates its UTF-8 as it parses it.
         message = bytes(body)
