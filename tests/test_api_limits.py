@@ -10,6 +10,7 @@ answered with a REJECT, and send() refuses JSON the peer would refuse, before se
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from typing import Any
 
@@ -19,7 +20,7 @@ from websockets.exceptions import ConnectionClosed
 
 from m2mwire.api import Session, connect, serve
 from m2mwire.codecs.compressed import encode_brotli
-from m2mwire.errors import EncodeError, LimitExceeded
+from m2mwire.errors import EncodeError, LimitExceeded, TransportError
 
 LIMIT = 4096
 
@@ -145,3 +146,53 @@ async def test_send_of_a_circular_value_is_an_encode_error() -> None:
         async with connect(server.url) as session:
             with pytest.raises(EncodeError, match=r"circular|nested"):
                 await session.send(circular)
+
+
+async def _echo(session: Session) -> None:
+    async for message in session:
+        await session.send(message.text or "")
+
+
+@pytest.mark.parametrize("scheme", ["ws", "quic"])
+async def test_a_server_announcing_no_max_payload_keeps_its_own_limit(scheme: str) -> None:
+    """serve(max_payload=0) negotiated the client's max_payload, whatever it was: a client
+    announcing 1 GiB had a 256 MiB message buffered and delivered (stop 30's attack run). The
+    server now negotiates its own limit, Limits.max_message_bytes (16 MiB), and says so in ACCEPT."""
+    async with serve(_echo, f"{scheme}://127.0.0.1:0", max_payload=0) as server:
+        opts = {"fingerprint": server.fingerprint} if server.fingerprint else {}
+        async with connect(server.url, max_payload=1 << 30, algorithms=["none"], **opts) as session:
+            assert session.info.max_payload == 16 * 1024 * 1024
+            with pytest.raises(LimitExceeded):
+                await session.send("x" * (16 * 1024 * 1024 + 1))
+
+
+async def test_a_client_announcing_no_max_payload_keeps_its_own_limit() -> None:
+    """connect(max_payload=0) took the server's max_payload as its limit, whatever it was: a
+    server offering 1 GiB could send it that much. The client keeps Limits.max_message_bytes."""
+    big = "y" * (17 * 1024 * 1024)
+
+    async def sends_big(session: Session) -> None:
+        with contextlib.suppress(Exception):  # the client refuses it and closes
+            await session.send(big)
+            await session.recv()
+
+    async with serve(sends_big, "ws://127.0.0.1:0", max_payload=1 << 30) as server:
+        async with connect(server.url, max_payload=0, algorithms=["none"]) as session:
+            assert session.info.max_payload == 1 << 30  # what the server announced ...
+            with pytest.raises(TransportError) as info:  # ... but the client reads at most its own
+                await asyncio.wait_for(session.recv(), 20)
+            assert info.value.code == 1009  # refused by its channel, before buffering
+
+
+async def test_a_quic_session_allowing_more_than_a_frame_holds_is_established() -> None:
+    """A QUIC channel's limit cannot exceed its frame length field (4 GiB - 1): a session that
+    negotiated more (max_payload=5 GiB on both ends) made the channel raise ValueError when the
+    session set its limit, and the server logged a traceback and reset the stream."""
+    five_gib = 5 << 30
+    async with serve(_echo, "quic://127.0.0.1:0", max_payload=five_gib) as server:
+        async with connect(
+            server.url, fingerprint=server.fingerprint, max_payload=five_gib, algorithms=["none"]
+        ) as session:
+            assert session.info.max_payload == five_gib
+            await session.send("within every limit")
+            assert (await asyncio.wait_for(session.recv(), 10)).text == "within every limit"

@@ -241,14 +241,15 @@ async def test_a_connection_lost_right_after_each_resume_backs_off() -> None:
 
 async def test_a_session_announcing_no_max_payload_takes_large_messages_after_a_resume() -> None:
     """With max_payload=0 on both sides (none announced: 16 MiB applies), a resumed connection
-    kept the handshake's 64 KiB limit (it was raised only for a non-zero max_payload): a larger
-    message failed it, and the client resumed again and again (~5,000 times in 8 s)."""
+    kept the handshake's 64 KiB limit (it was raised only for a non-zero negotiated max_payload,
+    and the ACCEPT said 0): a larger message failed it, and the client resumed again and again
+    (~5,000 times in 8 s). (The server's ACCEPT now says the 16 MiB it enforces.)"""
     big = "z" * (200 * 1024)
     async with proxied(echo, max_payload=0) as (_server, proxy):
         async with m2mwire.connect(
             f"ws://127.0.0.1:{proxy.port}", reconnect=FAST, max_payload=0, algorithms=["none"]
         ) as session:
-            assert session.info.max_payload == 0
+            assert session.info.max_payload == 16 * 1024 * 1024
             proxy.cut()
             async with asyncio.timeout(10):  # the old code never delivered it
                 await session.send(big)

@@ -776,7 +776,9 @@ class SessionProtocol:
             payload,
             algorithms=cfg.algorithms,
             encodings=cfg.resolved_encodings(),
-            max_payload=cfg.max_payload,
+            # What we enforce: with max_payload=0 the negotiated value was the client's, whatever
+            # its size (a client announcing 1 GiB got a 256 MiB message buffered: stop 30).
+            max_payload=self._own_payload_limit(),
             identity=cfg.identity,
             zstd=self._own_zstd_caps(),
             binary_text=cfg.binary_text,
@@ -1222,7 +1224,10 @@ class SessionProtocol:
         )
         if result.binary_text:
             self._binary_text = BinaryText(self._session_id)
-        self._payload_limit = result.max_payload or self.config.limits.max_message_bytes
+        # Never above our own: a client that announced none (max_payload=0) must not take a
+        # hostile server's 1 GiB as its limit.
+        own = self._own_payload_limit()
+        self._payload_limit = min(result.max_payload or own, own)
         if self._payload_limit < self._limits.max_output_bytes:
             self._limits = replace(self._limits, max_output_bytes=self._payload_limit)
         if result.zstd is not None:
@@ -1246,6 +1251,11 @@ class SessionProtocol:
         if self.info is None:
             return CONTROL_MESSAGE_LIMIT
         return transport_limit(self._payload_limit)
+
+    def _own_payload_limit(self) -> int:
+        """The largest message this end accepts: its max_payload, or where it announces none
+        (0), its Limits' max_message_bytes."""
+        return self.config.max_payload or self.config.limits.max_message_bytes
 
     def _require_established(self) -> SessionInfo:
         """The session info if the application may send (also after the peer's CLOSE, until we

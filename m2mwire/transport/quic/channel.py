@@ -24,6 +24,7 @@ from m2mwire.transport.framing import (
     HEADER_SIZE,
     KIND_BINARY,
     KIND_TEXT,
+    MAX_FRAME_LENGTH,
     CloseFrame,
     Deframer,
     ErrorCode,
@@ -220,7 +221,9 @@ class QuicChannel:
         return self._deframer.max_message_size
 
     def set_max_message_size(self, size: int) -> None:
-        self._deframer.max_message_size = size
+        # A frame's length field holds at most MAX_FRAME_LENGTH (4 GiB - 1): a larger limit (a
+        # session allowing more) admits every frame, where the Deframer raised ValueError.
+        self._deframer.max_message_size = min(size, MAX_FRAME_LENGTH)
 
     @property
     def remote_address(self) -> str:
