@@ -15,6 +15,7 @@ from websockets.exceptions import ConnectionClosed
 
 import m2mwire
 from m2mwire.api import Session
+from m2mwire.codecs import Algorithm
 from m2mwire.errors import SessionClosed
 from m2mwire.schemas.messages import MessageType, decode_message, encode_message
 from m2mwire.session.config import SessionConfig
@@ -341,6 +342,37 @@ async def test_a_first_message_over_a_control_messages_size_is_refused_unread_as
                         got = await asyncio.wait_for(ws.recv(), 10)
                         pytest.fail(f"{server_url} answered {str(got)[:80]!r} before closing")
                 assert info.value.rcvd is not None and info.value.rcvd.code == 1009, server_url
+
+
+async def test_a_client_that_stops_reading_has_its_relay_dropped_after_write_timeout(
+    nats_server: LocalNatsServer,
+) -> None:
+    """A WebSocket client that sent large messages to an echo worker and never read held its relay,
+    and the messages in it, for as long as its connection stayed open: the gateway waited on
+    the client's socket without a bound (3 such clients: 605 MB of a gateway, still held at 70 s;
+    stop 30's attack run). A relayed message the client has not taken within write_timeout now
+    ends the relay."""
+    url = f"{nats_server.url}/test.{uuid.uuid4().hex}"
+    client = SessionProtocol(Role.CLIENT, SessionConfig(algorithms=(Algorithm.NONE,)))
+    client.initiate(0.0)
+    patient = {"timers": {"write_timeout": 60, "ping_interval": 60}}  # the gateway acts first
+    async with m2mwire.serve(echo, url, **patient):
+        async with m2mwire.gateway("ws://127.0.0.1:0", url, write_timeout=1.0) as gw:
+            async with ws_connect(gw.url, max_size=None, max_queue=1, close_timeout=1) as ws:
+                (hello,) = client.data_to_send()
+                assert isinstance(hello, SendMessage)
+                await ws.send(hello.message.decode())
+                client.receive_text(await asyncio.wait_for(ws.recv(), 10), 0.0)
+                assert client.state is State.ESTABLISHED
+                for _ in range(8):  # ~32 MB echoed back to a client that reads nothing more
+                    client.send("z" * (4 << 20), 0.0)
+                    for out in client.data_to_send():  # large text goes in binary form ('T')
+                        assert isinstance(out, SendMessage)
+                        message = out.message
+                        await ws.send(message.decode() if isinstance(message, bytes) else b"".join(message))
+                async with asyncio.timeout(20):
+                    while gw._relays:  # the relay's task ends, and both its connections with it
+                        await asyncio.sleep(0.05)
 
 
 # -- the gateway's memory of routes is bounded ----------------------------------------------------

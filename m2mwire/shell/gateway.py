@@ -55,7 +55,13 @@ __all__ = ["Gateway", "gateway"]
 log = logging.getLogger("m2mwire.gateway")
 
 _TRANSPORT_OPTIONS = frozenset({"certfile", "keyfile", "cert_dir", "ssl", "idle_timeout"})  # listening side
-_LISTEN_OPTIONS = _TRANSPORT_OPTIONS | {"max_payload", "open_timeout", "hello_timeout", "resume_window"}
+_LISTEN_OPTIONS = _TRANSPORT_OPTIONS | {
+    "max_payload",
+    "open_timeout",
+    "hello_timeout",
+    "write_timeout",
+    "resume_window",
+}
 
 
 # What a server ignores before a HELLO (docs/PROTOCOL.md §3; a PING it answers): the gateway
@@ -120,6 +126,11 @@ class Gateway(Listening):
         # The gateway opens the NATS channel once it has the client's HELLO (it decides where the
         # channel goes), so it bounds the wait for it itself, as a server does.
         self._hello_timeout = _number(options, "hello_timeout", Timers().hello_timeout, 0.0, float)
+        # A side that takes nothing the gateway relays to it for this long (a client or worker
+        # that stopped reading) ends the relay, as a session's write_timeout ends a session:
+        # a client that sent 8 MiB messages and never read held the relay, and what it had sent,
+        # for as long as its connection stayed open (stop 30's attack run).
+        self._write_timeout = _number(options, "write_timeout", Timers().write_timeout, 0.0, float)
         window = _number(options, "resume_window", DEFAULT_RESUME_WINDOW, 0.0, float, allow_min=True)
         self.routes = ResumeRoutes(window)
         self._relays: set[asyncio.Task[None]] = set()
@@ -138,7 +149,7 @@ class Gateway(Listening):
         inner: Channel | None = None
         ended = False
         try:
-            outward = _Pipe(edge)
+            outward = _Pipe(edge, write_timeout=self._write_timeout)
 
             async def pong(ping: Decoded) -> None:
                 await edge.send(encode_message(MessageType.PONG, session_id=ping.session_id), True)
@@ -181,7 +192,7 @@ class Gateway(Listening):
                     self.routes.attach(session_id, route, task)
                 return True
 
-            answers = _Pipe(inner, watch_answer)
+            answers = _Pipe(inner, watch_answer, write_timeout=self._write_timeout)
             await _pipe_both(outward, answers, edge, inner)
             # The session is over once a CLOSE passed either way (it cannot be resumed then:
             # PROTOCOL.md §9): its route is forgotten. Any other end, a close frame included,
@@ -294,11 +305,19 @@ class _Pipe:
     """One direction of a relay: the messages of ``src`` in order, as (message, text), relayed as
     they came (a text message's UTF-8 is the endpoint's to check). Channels deliver from their
     socket callback; pausing them at a small queue keeps what the gateway holds per direction
-    bounded. ``watch`` sees each message before it is queued until it returns True."""
+    bounded. ``watch`` sees each message before it is queued until it returns True. A message
+    the destination has not taken within ``write_timeout`` ends the relay (both sides aborted)."""
 
-    def __init__(self, src: Channel, watch: Callable[[Message, bool], bool] | None = None) -> None:
+    def __init__(
+        self,
+        src: Channel,
+        watch: Callable[[Message, bool], bool] | None = None,
+        *,
+        write_timeout: float,
+    ) -> None:
         self._src = src
         self._watch = watch
+        self._write_timeout = write_timeout
         self._queue: deque[tuple[Message, bool]] = deque()
         self.closed = False  # a CLOSE was relayed: the session is over
         self._ended: list[TransportError] = []
@@ -362,9 +381,19 @@ class _Pipe:
             while queue:
                 message, text = self._take()
                 try:
-                    await dst.send(message, text)
+                    async with asyncio.timeout(self._write_timeout):
+                        await dst.send(message, text)
                 except TransportError:
                     self._src.abort()
+                    return
+                except TimeoutError:
+                    log.info(
+                        "gateway: %s took no message for %g s (write_timeout): relay dropped",
+                        dst.remote_address,
+                        self._write_timeout,
+                    )
+                    self._src.abort()
+                    dst.abort()
                     return
                 if text and not self.closed and len(message) <= _CLOSE_MAX:
                     self._see_close(message)
@@ -391,6 +420,7 @@ def gateway(listen_url: str, nats_url: str, **options: Any) -> Gateway:
     generated, kept as serve()'s ``cert_dir=`` says, and ``gw.fingerprint`` set), idle_timeout
     (QUIC), max_payload (the largest message relayed, default 16 MiB), open_timeout (for a worker
     to answer), hello_timeout (for a new connection's first message, default 30 s),
+    write_timeout (a side that takes no relayed message for this long ends the relay, 30 s),
     resume_window (how long the gateway remembers which worker holds a session whose connection
     was lost, so a client resuming it through this gateway reaches that worker: set it to the
     workers' resume_window; default 60 s; 0: resumes go to the queue group), and the NATS options
