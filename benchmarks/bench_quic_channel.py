@@ -8,7 +8,7 @@ QUIC session and the raw baseline it is compared with.
 
 The server runs in a separate (spawned) process, the client here. For each suite it measures
 round-trip latency (100-byte messages, echoed), one-way throughput (1 KB, 64 KiB and 1 MiB binary
-messages; median of 3 interleaved rounds), and the sender's peak RSS while a fast sender outpaces a
+messages, or ASCII text with ``--text``; median of 3 interleaved rounds), and the sender's peak RSS while a fast sender outpaces a
 receiver that reads one 1 MiB message every 50 ms.
 
 Suites: m2mwire's QUIC *session* (the public API: ``m2mwire.serve`` / ``m2mwire.connect`` over one
@@ -483,7 +483,9 @@ async def bench_throughput(factory: ChannelFactory, size: int, count: int) -> tu
     Returns (MB/s, client CPU us per message, server CPU us per message). CPU time is the figure to
     compare on a shared machine: wall-clock throughput moves with other tenants' load.
     """
-    payload = os.urandom(size)
+    # --text: ASCII text (a session sends it as text DATA, algorithm none), else random bytes
+    # (a session sends them as an AVP frame).
+    payload: str | bytes = "x" * size if TEXT_MESSAGES else os.urandom(size)
     channel = await factory()
     await channel.send(f"sink:{count}")
     cpu0, t0 = time.process_time(), time.perf_counter()
@@ -579,6 +581,7 @@ SUITES = [
 ]
 
 SIZES = [(1000, 20000), (64 * 1024, 1600), (MiB, 200)]
+TEXT_MESSAGES = False  # --text
 ROUNDS = 3
 # Issue 13: the QUIC session's throughput vs the tuned raw aioquic stream's: >= 1.0x for 1,000-byte
 # messages; 64 KiB and 1 MiB no worse than before it (~1.6-1.8x on the reference machine).
@@ -743,7 +746,12 @@ def main() -> None:
     parser.add_argument(
         "--no-pin", action="store_true", help="leave the client and servers unpinned (benchmarks/_cpus.py)"
     )
+    parser.add_argument(
+        "--text", action="store_true", help="one-way messages as text, not binary (sessions: text DATA)"
+    )
     args = parser.parse_args()
+    global TEXT_MESSAGES
+    TEXT_MESSAGES = args.text
     overrides: dict[str, Any] = {}
     for item in args.tuning:
         key, value = item.split("=", 1)
@@ -756,6 +764,7 @@ def main() -> None:
     print(f"QUIC benchmark: 127.0.0.1, server in a spawned process, {os.cpu_count()} CPUs")
     load = os.getloadavg()[0]
     print(f"Python {sys.version.split()[0]}, aioquic {version('aioquic')}, load average {load:.2f}")
+    print("one-way messages: " + ("ASCII text" if TEXT_MESSAGES else "binary (sessions: AVP frames)"))
     if overrides:
         print(f"tuning overrides: {overrides}")
     started = time.perf_counter()
