@@ -8,8 +8,8 @@ QUIC session and the raw baseline it is compared with.
 
 The server runs in a separate (spawned) process, the client here. For each suite it measures
 round-trip latency (100-byte messages, echoed), one-way throughput (1 KB, 64 KiB and 1 MiB binary
-messages, or ASCII text with ``--text``; median of 3 interleaved rounds), and the sender's peak RSS while a fast sender outpaces a
-receiver that reads one 1 MiB message every 50 ms.
+messages, or ASCII text with ``--text``; median of 3 interleaved rounds), and the sender's peak
+RSS while a fast sender outpaces a receiver that reads one 1 MiB message every 50 ms.
 
 Suites: m2mwire's QUIC *session* (the public API: ``m2mwire.serve`` / ``m2mwire.connect`` over one
 shared ``open_quic_connection``), a tuned raw aioquic stream (the baseline), m2mwire's QUIC
