@@ -199,6 +199,11 @@ class AVPMessage:
         return bool(self._pb.extra)
 
     @property
+    def extra_count(self) -> int:
+        """How many entries the metadata's ``extra`` map has (read without building :attr:`metadata`)."""
+        return len(self._pb.extra)
+
+    @property
     def frame_length(self) -> int:
         return self.header.frame_length
 
@@ -399,9 +404,9 @@ def decode(
     ``data`` must hold exactly one frame; with ``allow_trailing=True`` bytes after it are ignored
     (use :func:`frame_length` to find them). The CRC-32 is verified whenever field 15 is present.
     A compressed payload may decompress to at most ``max_output_bytes`` (default 1 GiB), checked
-    against the zstd header before anything is allocated; ``limits.max_message_bytes`` caps the
-    metadata section. Malformed input raises :class:`DecodeError` (:class:`ChecksumMismatch` for a
-    bad CRC); a limit raises :class:`LimitExceeded`.
+    against the zstd header before anything is allocated; ``limits.max_metadata_bytes`` caps the
+    metadata section before it is parsed. Malformed input raises :class:`DecodeError`
+    (:class:`ChecksumMismatch` for a bad CRC); a limit raises :class:`LimitExceeded`.
     """
     mv = memoryview(data) if type(data) is bytes else input_view(data)
     known = _decode_known(mv) if limits is None and not allow_trailing else None
@@ -418,8 +423,10 @@ def decode(
             "pass allow_trailing=True or split with frame_length()"
         )
     meta_end = HEADER_SIZE + header.metadata_length
-    if header.metadata_length > (limits or DEFAULT_LIMITS).max_message_bytes:
-        check_size("AVP metadata", header.metadata_length, (limits or DEFAULT_LIMITS).max_message_bytes)
+    used = limits or DEFAULT_LIMITS
+    max_metadata = min(used.max_metadata_bytes, used.max_message_bytes)
+    if header.metadata_length > max_metadata:
+        check_size("AVP metadata", header.metadata_length, max_metadata)
     pb = MetadataPB()
     try:
         pb.ParseFromString(mv[HEADER_SIZE:meta_end])

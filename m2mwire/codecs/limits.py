@@ -25,6 +25,10 @@ class Limits:
     max_string_bytes: int = 10 * MiB
     max_array_elements: int = 10_000
     max_output_bytes: int = 16 * MiB
+    # An AVP frame's metadata (ids, model fields, the ``extra`` map): a real one is a few hundred
+    # bytes. Checked before it is parsed: a 16 MiB map of a million 1-byte keys took ~1 s of CPU
+    # and ~200 MB to parse and hold (stop 30's attack run).
+    max_metadata_bytes: int = 64 * 1024
 
 
 DEFAULT_LIMITS = Limits()

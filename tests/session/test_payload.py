@@ -23,6 +23,7 @@ from m2mwire.session.payload import (
     AVP_MORE_KEY,
     AVP_REPLY_TO_KEY,
     AVP_REQUEST_ID_KEY,
+    EXTRA_ENTRY_COST,
     Message,
     avp_extra,
     check_avp_frame,
@@ -401,3 +402,29 @@ def test_avp_extra_adds_the_correlation_ids_and_guards_the_reserved_keys() -> No
         avp_extra({AVP_REQUEST_ID_KEY: "forged"}, tensor=True)
     with pytest.raises(EncodeError, match="numpy tensor"):
         avp_extra(None, tensor=False, request_id="q1")  # an encoded frame cannot take the ids
+
+
+def test_a_received_avp_extra_map_is_charged_per_entry_and_bounded_in_size() -> None:
+    """An AVP frame's extra map was charged at its wire size while waiting in the session's queue:
+    a 16 MiB map of a million 1-3 character keys held ~20x that once parsed, and took ~1 s of
+    CPU to parse (stop 30's attack run). Entries are now charged EXTRA_ENTRY_COST each, and the
+    metadata is refused above Limits.max_metadata_bytes (64 KiB) before it is parsed."""
+    extra = {f"k{i}": "v" for i in range(2000)}
+    frame = avp.encode(np.zeros(4, dtype=np.float32), extra=extra)
+    message = binary(frame, mode="LATENT")
+    assert isinstance(message, Message)
+    assert message.decoded_bytes == len(frame) + EXTRA_ENTRY_COST * 2000
+    huge = avp.encode(np.zeros(4, dtype=np.float32), extra={f"k{i}": "v" for i in range(20_000)})
+    with pytest.raises(LimitExceeded, match="AVP metadata"):
+        binary(huge, mode="LATENT")
+
+
+def test_request_ids_are_charged_with_their_message() -> None:
+    """A 10 MB request_id on a 1 KiB text message was charged as the 1 KiB: 64 such messages held
+    ~650 MB of a server against max_queue_bytes (32 MiB). The ids now count in decoded_bytes."""
+    plain = DataPayload(algorithm="none", content="x" * 1024, content_type="text")
+    asked = DataPayload(algorithm="none", content="x" * 1024, content_type="text", request_id="r" * 1_000_000)
+    base = decode_text_data(plain, DEFAULT_LIMITS, None).decoded_bytes
+    message = decode_text_data(asked, DEFAULT_LIMITS, None)
+    assert message.request_id == "r" * 1_000_000
+    assert message.decoded_bytes >= base + 1_000_000
