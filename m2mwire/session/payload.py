@@ -34,7 +34,7 @@ from m2mwire.codecs import (
 from m2mwire.codecs.avpheader import FLAG_COMPRESSED, HEADER_SIZE, MAGIC, payload_size
 from m2mwire.codecs.buffers import Buffer
 from m2mwire.codecs.jsonutil import JsonValue, loads_limited, parse_json
-from m2mwire.codecs.limits import Limits
+from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits
 from m2mwire.codecs.m2mframe import M2M_PREFIX
 from m2mwire.codecs.select import NONE_BELOW, Optimize
 from m2mwire.codecs.utf8 import utf8_len
@@ -574,11 +574,20 @@ def zstd_message(
 def check_avp_frame(parts: Sequence[Buffer], payload_limit: int) -> int:
     """The size of an encoded AVP frame given as buffers, after checking what the receiver will:
     it starts with the AVP magic and a whole header (EncodeError), it is within max_payload, and
-    so is its payload once decompressed (LimitExceeded)."""
+    so is its payload once decompressed, and its metadata is within what a receiver parses
+    (LimitExceeded)."""
     size, head = _frame_size_and_head(parts)
     if size < HEADER_SIZE or head[:2] != MAGIC:
         raise EncodeError("send_frame() takes an encoded AVP frame (starting with b'AV')")
     check_payload_size(size, payload_limit, "AVP frame")
+    metadata = int.from_bytes(head[8:12], "little")
+    if metadata > DEFAULT_LIMITS.max_metadata_bytes:
+        raise LimitExceeded(
+            f"the AVP frame's metadata is {metadata} bytes, over the {DEFAULT_LIMITS.max_metadata_bytes} "
+            "a receiver parses (Limits.max_metadata_bytes): put less in extra=",
+            limit=DEFAULT_LIMITS.max_metadata_bytes,
+            actual=metadata,
+        )
     if head[3] & FLAG_COMPRESSED:
         # The receiver holds the decompressed payload to max_payload: check the same quantity
         # here (read from the zstd header; a compressed frame is small, so joining it is cheap).

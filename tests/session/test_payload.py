@@ -428,3 +428,10 @@ def test_request_ids_are_charged_with_their_message() -> None:
     message = decode_text_data(asked, DEFAULT_LIMITS, None)
     assert message.request_id == "r" * 1_000_000
     assert message.decoded_bytes >= base + 1_000_000
+
+
+def test_a_frame_whose_metadata_a_receiver_would_refuse_is_not_sent() -> None:
+    parts = avp.encode_parts(np.zeros(4, dtype=np.float32), extra={f"k{i}": "v" for i in range(20_000)})
+    with pytest.raises(LimitExceeded, match="put less in extra="):
+        check_avp_frame(parts, BIG)
+    assert check_avp_frame(avp.encode_parts(np.zeros(4, dtype=np.float32), extra={"k": "v"}), BIG) > 0
