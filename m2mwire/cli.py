@@ -47,6 +47,8 @@ _FLAGS = {
     "timers": "--timer",
     "optimize": "--optimize",
     "resume_window": "--resume-window",
+    "hello_timeout": "--hello-timeout",
+    "write_timeout": "--write-timeout",
 }
 # "name=True" and "name=" at the end of a word become the bare flag; "name=value" becomes "flag value".
 _OPTION_IN_TEXT = re.compile(r"\b(" + "|".join(_FLAGS) + r")=(True\b|(?=[\s,.;:)]|$))?")
@@ -313,8 +315,9 @@ def _cmd_gateway(args: argparse.Namespace) -> int:
 
     async def run() -> None:
         options = _certificate_options(args, args.listen_url)
-        if args.resume_window is not None:
-            options.update(resume_window=args.resume_window)
+        for name in ("resume_window", "hello_timeout", "write_timeout"):
+            if getattr(args, name) is not None:
+                options[name] = getattr(args, name)
         async with gateway(args.listen_url, args.nats_url, **options) as gw:
             print(
                 f"gateway on {gw.url} -> {args.nats_url}"
@@ -473,12 +476,27 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds to remember which worker holds a session whose connection was lost, so its "
         "client resumes there through this gateway (the workers' resume_window; default 60)",
     )
+    p.add_argument(
+        "--hello-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="how long a new connection may take to send its HELLO (default 30)",
+    )
+    p.add_argument(
+        "--write-timeout",
+        type=float,
+        metavar="SECONDS",
+        help="how long a relayed message may wait for a side that does not read; past it the "
+        "relay is dropped (default 30)",
+    )
 
     p = sub.add_parser("send", help="open a session, send one message, print the reply")
     p.add_argument("url")
     p.add_argument("message", help="the content, or - for standard input")
     p.add_argument("--json", action="store_true", help="parse the content as JSON")
-    p.add_argument("--algorithm", help="tokennative, token, brotli, dictionary or none (default: automatic)")
+    p.add_argument(
+        "--algorithm", help="zstd, tokennative, token, brotli, dictionary, m2m or none (default: automatic)"
+    )
     p.add_argument("--fingerprint", help="pin the server certificate's SHA-256 (wss://, quic://)")
     p.add_argument("--cafile", help="PEM file of the CA (or certificate) to trust (wss://, quic://)")
     p.add_argument(

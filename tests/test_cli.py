@@ -199,6 +199,11 @@ def test_send_flags_that_do_not_apply(args: list[str], says: str) -> None:
             "gateway --resume-window takes a number >= 0",
         ),
         (
+            ["gateway", "ws://127.0.0.1:0", "nats://127.0.0.1:4222/x", "--write-timeout", "0"],
+            2,
+            "gateway --write-timeout takes a number > 0",
+        ),
+        (
             ["serve", "ws://127.0.0.1:0", "--algorithms", "nope"],
             2,
             "--algorithms: unknown compression algorithm",
