@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import random
+import socket
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
+from urllib.parse import urlsplit
 
 import pytest
 from websockets.asyncio.client import connect as ws_connect
@@ -358,7 +360,14 @@ async def test_a_client_that_stops_reading_has_its_relay_dropped_after_write_tim
     patient = {"timers": {"write_timeout": 60, "ping_interval": 60}}  # the gateway acts first
     async with m2mwire.serve(echo, url, **patient):
         async with m2mwire.gateway("ws://127.0.0.1:0", url, write_timeout=1.0) as gw:
-            async with ws_connect(gw.url, max_size=None, max_queue=1, close_timeout=1) as ws:
+            # A small receive buffer, fixed before connecting (no autotuning): the kernel cannot
+            # absorb the echo, whatever the machine's tcp_rmem allows (a CI machine's did absorb
+            # 32 MB with a default socket, so nothing waited and the relay was never dropped).
+            sock = socket.socket()
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+            sock.setblocking(False)
+            await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", urlsplit(gw.url).port))
+            async with ws_connect(gw.url, sock=sock, max_size=None, max_queue=1, close_timeout=1) as ws:
                 (hello,) = client.data_to_send()
                 assert isinstance(hello, SendMessage)
                 await ws.send(hello.message.decode())
