@@ -409,9 +409,21 @@ def decode(
     (:class:`ChecksumMismatch` for a bad CRC); a limit raises :class:`LimitExceeded`.
     """
     mv = memoryview(data) if type(data) is bytes else input_view(data)
-    known = _decode_known(mv) if limits is None and not allow_trailing else None
+    used = limits or DEFAULT_LIMITS
+    max_metadata = min(used.max_metadata_bytes, used.max_message_bytes)
+    known = _decode_known(mv, max_metadata) if not allow_trailing else None
     if type(known) is AVPMessage:
         return known
+    msg = _decode_full(mv, max_metadata, max_output_bytes, allow_trailing)
+    if type(known) is bytes and not msg.header.flags & FLAG_COMPRESSED:
+        _learn(known, mv, msg)
+    return msg
+
+
+def _decode_full(
+    mv: memoryview, max_metadata: int, max_output_bytes: int | None, allow_trailing: bool
+) -> AVPMessage:
+    """The general path of :func:`decode`: every rule checked, the metadata parsed."""
     header = parse_header_view(mv)
     end = HEADER_SIZE + header.payload_length
     size = len(mv)
@@ -423,8 +435,6 @@ def decode(
             "pass allow_trailing=True or split with frame_length()"
         )
     meta_end = HEADER_SIZE + header.metadata_length
-    used = limits or DEFAULT_LIMITS
-    max_metadata = min(used.max_metadata_bytes, used.max_message_bytes)
     if header.metadata_length > max_metadata:
         check_size("AVP metadata", header.metadata_length, max_metadata)
     pb = MetadataPB()
@@ -487,7 +497,7 @@ def decode(
         shape = tuple(dims[:])
         if pt == 0:
             check_shape(shape, DATA_TYPES[dt], len(payload), DecodeError)
-    msg = AVPMessage(
+    return AVPMessage(
         mv if size == end else mv[:end],
         header,
         payload,
@@ -497,9 +507,6 @@ def decode(
         shape,
         checksum,
     )
-    if type(known) is bytes and not flags & FLAG_COMPRESSED:
-        _learn(known, mv, msg)
-    return msg
 
 
 def _checksum_mismatch(expected: int, actual: int) -> ChecksumMismatch:
@@ -514,8 +521,8 @@ def _checksum_mismatch(expected: int, actual: int) -> ChecksumMismatch:
 # it is kept as a template: later frames with that exact prefix skip protobuf parsing and
 # validation, and only the trailing checksum is read and verified. This is exact, not a guess: a
 # prefix that parses on its own ends on a field boundary, so prefix + field 15 parses as the
-# prefix's fields followed by field 15. Anything else (compressed, trailing bytes, custom limits,
-# another layout) takes the full path.
+# prefix's fields followed by field 15. Anything else (compressed, trailing bytes, metadata over the
+# caller's limit, another layout) takes the full path.
 
 
 class _Template(NamedTuple):
@@ -537,14 +544,16 @@ _SLOTS: Final = 256  # per dict; a full one is cleared (memory stays bounded wha
 _CHECKSUM_TAG: Final = 15 << 3  # field 15, wire type 0 (varint)
 
 
-def _decode_known(mv: memoryview) -> AVPMessage | bytes | None:
+def _decode_known(mv: memoryview, max_metadata: int) -> AVPMessage | bytes | None:
     """A frame decoded from its template; else the template key to learn (bytes), or None when
-    the metadata does not end with payload_checksum."""
+    the metadata does not end with payload_checksum or is over ``max_metadata`` bytes (the full
+    path refuses it: templates are shared by every caller, whatever limit each one has)."""
     size = len(mv)
     if size < HEADER_SIZE:
         return None
-    meta_end = HEADER_SIZE + _U32.unpack_from(mv, 8)[0]
-    if meta_end > size or meta_end < HEADER_SIZE + 2:
+    metadata_length = _U32.unpack_from(mv, 8)[0]
+    meta_end = HEADER_SIZE + metadata_length
+    if meta_end > size or meta_end < HEADER_SIZE + 2 or metadata_length > max_metadata:
         return None
     # The checksum varint, read backwards: a last byte < 0x80, at most 4 continuation bytes
     # (>= 0x80) before it, and the tag before those.

@@ -221,7 +221,7 @@ def decode_binary(
             )
         # bytes take avp's quickest input path; a compressed payload is held to max_payload (and a
         # hidden state to its shape) before anything is decompressed
-        frame = (_avp_decode or _load_avp_decode())(data, max_output_bytes=payload_limit)
+        frame = (_avp_decode or _load_avp_decode())(data, limits=limits, max_output_bytes=payload_limit)
         payload_bytes = len(frame.payload)
         # the payload is a view into the frame unless it was decompressed
         held = size + payload_bytes if frame.header.flags & FLAG_COMPRESSED else size

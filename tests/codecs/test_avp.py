@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from m2mwire import avp
 from m2mwire.codecs import avp as codec
 from m2mwire.codecs import avpframe, checksum
-from m2mwire.codecs.limits import Limits
+from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits
 from m2mwire.errors import ChecksumMismatch, DecodeError, EncodeError, LimitExceeded
 from m2mwire.schemas import avp_pb2
 
@@ -751,12 +751,17 @@ def test_fast_path_declines_what_it_does_not_handle() -> None:
 
 # --------------------------------------------------------------------------------------------------
 # A stream of frames: the parsed metadata prefix is reused (codec._decode_known), and must decode
-# exactly as the full path does (``limits=`` given always takes the full path).
+# exactly as the full path (codec._decode_full) does.
 
 
-def _outcome(data: bytes, **kwargs: Any) -> tuple[Any, ...]:
+def full_decode(data: bytes) -> avp.AVPMessage:
+    """The general path alone, with the default limits (it never learns a template)."""
+    return codec._decode_full(memoryview(data), DEFAULT_LIMITS.max_metadata_bytes, None, False)
+
+
+def _outcome(data: bytes, *, full: bool = False) -> tuple[Any, ...]:
     try:
-        msg = avp.decode(data, **kwargs)
+        msg = full_decode(data) if full else avp.decode(data)
     except (DecodeError, LimitExceeded) as exc:
         return (type(exc), str(exc))
     return (msg.raw.tobytes(), msg.payload.tobytes(), msg.header, msg.metadata, msg.tensor_shape, msg.dtype)
@@ -782,7 +787,7 @@ def test_stream_reuses_the_parsed_prefix_and_checks_every_crc() -> None:
     for t, f in zip(tensors, frames, strict=True):
         msg = avp.decode(f)
         np.testing.assert_array_equal(msg.tensor(), t)
-        assert msg.metadata == avp.decode(f, limits=Limits()).metadata  # the full path
+        assert msg.metadata == full_decode(f).metadata  # the full path
         assert msg.metadata.payload_checksum == zlib.crc32(t.tobytes())
         pbs.append(msg._pb)
     assert pbs[2] is pbs[3] is pbs[5]  # decoded from the template learnt on the second frame
@@ -819,7 +824,7 @@ def test_checksum_look_alike_inside_a_field_is_not_a_template(meta: bytes, check
     wrong template would check a CRC read from the look-alike bytes from the third frame on)."""
     for body in (b"\x00" * 8, b"\x01" * 8, b"\x02" * 8, b"\x03" * 8):
         data = frame(0, meta, body)
-        assert _outcome(data) == _outcome(data, limits=Limits())
+        assert _outcome(data) == _outcome(data, full=True)
         if checksum is None:
             assert avp.decode(data).metadata.payload_checksum is None
         else:  # the real checksum, earlier in the metadata, matches none of these bodies
@@ -856,7 +861,7 @@ def test_decode_equals_the_full_path_on_any_stream(
         crc = zlib.crc32(payload) ^ (1 if bad else 0)
         data = frame(flags, prefix + b"\x78" + _varint(crc, width), payload)
         for variant in (data, data[: len(data) + cut] if cut < 0 else data + bytes(cut)):
-            assert _outcome(variant) == _outcome(variant, limits=Limits())
+            assert _outcome(variant) == _outcome(variant, full=True)
 
 
 @pytest.mark.parametrize(

@@ -3,7 +3,7 @@
 Encoder: ``_fast_parts`` (a contiguous little-endian array and a HIDDEN_STATE metadata object, no
 overrides, no compression) against ``_general_parts``, which takes every input. Decoder: the
 known-prefix path (``_decode_known``: a stream's repeated header + metadata, parsed once) against a
-full decode (``limits=`` given, which the known path never takes), over valid, truncated,
+full decode (``_decode_full``, the general path alone), over valid, truncated,
 corrupted and extended frames. benchmarks/bench_avp.py --paths measures what each fast path saves.
 """
 
@@ -137,7 +137,7 @@ def summary(msg: avp.AVPMessage) -> tuple[Any, ...]:
 
 
 def full_decode(frame: bytes) -> tuple[Any, ...]:
-    return summary(avp.decode(frame, limits=DEFAULT_LIMITS))
+    return summary(codec._decode_full(memoryview(frame), DEFAULT_LIMITS.max_metadata_bytes, None, False))
 
 
 def stream_decode(frame: bytes) -> tuple[Any, ...]:
@@ -187,5 +187,5 @@ def test_the_known_prefix_path_is_taken() -> None:
     for _ in range(2):
         avp.decode(first)
     other = avp.encode(np.ones(4, np.float32), md)
-    assert type(codec._decode_known(memoryview(other))) is avp.AVPMessage
+    assert type(codec._decode_known(memoryview(other), DEFAULT_LIMITS.max_metadata_bytes)) is avp.AVPMessage
     assert stream_decode(other) == full_decode(other)

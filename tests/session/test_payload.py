@@ -419,6 +419,23 @@ def test_a_received_avp_extra_map_is_charged_per_entry_and_bounded_in_size() -> 
         binary(huge, mode="LATENT")
 
 
+def test_a_received_avp_frame_is_held_to_the_sessions_own_metadata_limit() -> None:
+    """The receive path decoded AVP frames with the default Limits, so a session's
+    ``limits=Limits(max_metadata_bytes=...)`` changed nothing: raised, a frame under it was still
+    refused; lowered, a frame over it was still parsed. A template learnt from a stream (the
+    fast path, shared by every session of the process) must not bypass a lower limit either."""
+    extra = {f"k{i}": "v" for i in range(20_000)}  # ~160 KB of metadata
+    big = avp.encode(np.zeros(4, dtype=np.float32), extra=extra)
+    raised = Limits(max_metadata_bytes=1 << 20)
+    assert isinstance(binary(big, mode="LATENT", limits=raised), Message)
+    stream = avp.encode(np.zeros(4, dtype=np.float32), extra={"k": "v" * 2000})
+    for _ in range(3):  # learnt as a template under the default limit
+        assert isinstance(binary(stream, mode="LATENT"), Message)
+    lowered = Limits(max_metadata_bytes=1024)
+    with pytest.raises(LimitExceeded, match="AVP metadata"):
+        binary(stream, mode="LATENT", limits=lowered)
+
+
 def test_request_ids_are_charged_with_their_message() -> None:
     """A 10 MB request_id on a 1 KiB text message was charged as the 1 KiB: 64 such messages held
     ~650 MB of a server against max_queue_bytes (32 MiB). The ids now count in decoded_bytes."""
