@@ -4,8 +4,10 @@ Exponential backoff with jitter (the "equal jitter" of the AWS architecture blog
 own reconnecting client does): the n-th wait is drawn from [d/2, d] with d = initial_delay * 2**n
 capped at max_delay, so clients cut at the same moment do not come back in lockstep. Attempts stop
 once ``max_elapsed`` seconds have passed since the connection was lost: the session then ends
-with ``SessionClosed(code="RECONNECT_GAVE_UP")``. The default ``max_elapsed`` equals a server's
-default ``resume_window``: trying longer could only end in ``RESUME_EXPIRED``.
+with ``SessionClosed(code="RECONNECT_GAVE_UP")``. A resume whose connection is lost again within
+``max_delay`` with no DATA through it either way does not restart that clock. The default
+``max_elapsed`` equals a server's default ``resume_window``: trying longer could only end in
+``RESUME_EXPIRED``.
 """
 
 from __future__ import annotations

@@ -239,6 +239,48 @@ async def test_a_connection_lost_right_after_each_resume_backs_off() -> None:
             assert (await asyncio.wait_for(session.recv(), 5)).text == "after"
 
 
+async def cut_each_resume(session: Session, proxy: TcpChaosProxy, cuts: int, exchange: bool) -> int:
+    """Cut the connection up to ``cuts`` times, each as soon as the session has resumed
+    (``exchange``: after one message went there and back on it), until the session ends; at
+    most 10 s in all. Returns the number of cuts."""
+    async with asyncio.timeout(10):
+        for i in range(cuts):
+            resumed = session.stats.reconnects
+            if exchange:
+                await session.send(f"m{i}")
+                assert (await session.recv()).text == f"m{i}"
+            proxy.cut()
+            while session.stats.reconnects == resumed:
+                if session.close_event is not None:
+                    return i + 1
+                await asyncio.sleep(0.002)
+    return cuts
+
+
+async def test_resumes_that_carry_nothing_do_not_restart_max_elapsed() -> None:
+    """A server (or path) that accepted every resume and then cut the connection kept a client
+    retrying for good: each resume restarted max_elapsed. A connection lost within max_delay of
+    its resume, with no DATA through it either way, now leaves max_elapsed counting from the
+    loss before it; a session that moves data between losses is not given up."""
+    policy = Reconnect(initial_delay=0.02, max_delay=0.1, max_elapsed=1.0)
+    async with proxied(echo) as (_server, proxy):
+        async with m2mwire.connect(f"ws://127.0.0.1:{proxy.port}", reconnect=policy) as session:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            cuts = await cut_each_resume(session, proxy, 200, exchange=False)
+            assert session.close_event is not None, f"still resuming after {cuts} cuts in 10 s"
+            assert session.close_event.code == "RECONNECT_GAVE_UP"
+            assert 3 < cuts < 200
+            assert loop.time() - started < 3.0  # max_elapsed after the first cut, and a step
+        async with m2mwire.connect(f"ws://127.0.0.1:{proxy.port}", reconnect=policy) as session:
+            started = loop.time()
+            assert await cut_each_resume(session, proxy, 25, exchange=True) == 25
+            assert session.close_event is None
+            assert loop.time() - started > policy.max_elapsed  # longer than max_elapsed, and alive
+            await session.send("after")
+            assert (await asyncio.wait_for(session.recv(), 5)).text == "after"
+
+
 async def test_a_session_announcing_no_max_payload_takes_large_messages_after_a_resume() -> None:
     """With max_payload=0 on both sides (none announced: 16 MiB applies), a resumed connection
     kept the handshake's 64 KiB limit (it was raised only for a non-zero negotiated max_payload,

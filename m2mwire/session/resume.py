@@ -160,6 +160,13 @@ class ResumeState:
     # -- sending ----------------------------------------------------------------------------------
 
     @property
+    def progress(self) -> int:
+        """Grows whenever DATA gets through either way (received, or acknowledged by the peer):
+        a reconnecting client compares it across a connection to tell a connection that carried
+        something from one that was lost before anything got through."""
+        return self.received + self.acked
+
+    @property
     def sent(self) -> int:
         """DATA messages sent: the sequence number of the last one."""
         return self.acked + len(self.retained) - self._head

@@ -86,6 +86,17 @@ def _ignore(*_args: object) -> None:
     """Callbacks of a channel the session left: it is aborted, what it still says is moot."""
 
 
+@dataclasses.dataclass(frozen=True, slots=True)
+class _LastResume:
+    """A client's last successful resume: the backoff it was at, when it resumed, the deadline
+    its reconnect loop had (max_elapsed after the loss), and ResumeState.progress just after."""
+
+    delays: Iterator[float]
+    resumed_at: float
+    give_up_at: float
+    progress: int
+
+
 class Session:
     """One established session: send and receive DATA, then close.
 
@@ -147,10 +158,10 @@ class Session:
         self._attached = asyncio.Event()  # set while the session has a live connection
         self._attached.set()
         self._outcome: asyncio.Future[str] | None = None  # client: how a resume attempt ended
-        # Client: the backoff of the last reconnect loop that resumed, and when it did. A
-        # connection lost again within max_delay of its resume goes on with that backoff (see
-        # _reconnect_loop); one that lived longer starts afresh.
-        self._last_resume: tuple[Iterator[float], float] | None = None
+        # Client: the last reconnect loop that resumed (see _reconnect_loop). A connection lost
+        # again within max_delay of its resume goes on with that backoff, and with its deadline
+        # too if nothing got through it; one that lived longer starts afresh.
+        self._last_resume: _LastResume | None = None
         # Done when the session stops using its current channel: a server's fresh connection
         # handed over to this session waits for it (its transport closes when it returns).
         self._channel_done: asyncio.Future[None] = self._loop.create_future()
@@ -650,13 +661,19 @@ class Session:
         give_up_at = loop.time() + policy.max_elapsed
         wait = 0.0
         last = self._last_resume
-        if last is not None and loop.time() - last[1] < policy.max_delay:
+        if last is not None and loop.time() - last.resumed_at < policy.max_delay:
             # Lost again right after resuming (a server that accepts resumes and then fails
             # them, a path that drops every new connection): the first attempt waits the next
             # backoff step, as a failed attempt would, instead of reconnecting at once (the
             # loop went hot: ~5,000 resumes in 8 s against one such failure).
-            delays = last[0]
+            delays = last.delays
             wait = next(delays)
+            if protocol.resume is not None and protocol.resume.progress == last.progress:
+                # ... and if no DATA got through that connection either way, its resume was no
+                # recovery: max_elapsed still counts from the loss before it. Else a server that
+                # accepted every resume and then cut kept a client retrying for good. A session
+                # that moves data between losses, however frequent, starts afresh each time.
+                give_up_at = last.give_up_at
         else:
             delays = policy.delays()
         attempts = 0
@@ -688,7 +705,10 @@ class Session:
                 outcome = await self._outcome
                 if outcome != "detached":
                     if outcome == "resumed":
-                        self._last_resume = (delays, loop.time())
+                        assert protocol.resume is not None  # a session that resumed has it
+                        self._last_resume = _LastResume(
+                            delays, loop.time(), give_up_at, protocol.resume.progress
+                        )
                     return  # resumed, or the server refused (the session is closed)
             wait = next(delays)
             if loop.time() + wait >= give_up_at:
