@@ -86,6 +86,14 @@ def expected(role: Role, state: State, *, verdict_pending: bool, resuming: bool)
     return _EXPECTED[(role, state, verdict_pending, resuming)]
 
 
+# What a server takes before a HELLO without a word or a violation (docs/PROTOCOL.md §3): a PONG
+# (welcome at any time), an ACK (unexpected() ignores it) and a message of a type it does not know
+# (None: ignored in every state). A PING it answers; anything else ends the connection. A gateway
+# that routes a connection by its HELLO looks past these (shell/gateway.py);
+# tests/session/test_states.py checks the set against the core.
+SILENT_BEFORE_HELLO: Final[frozenset[MessageType | None]] = frozenset({MessageType.PONG, _ACK, None})
+
+
 def unexpected(role: Role, state: State, kind: Inbound) -> Violation | None:
     """What a message that ``expected()`` does not list is: the violation that closes the session
     (docs/PROTOCOL.md §3), or None for an ACK, which is ignored (resume may be off on this end)."""

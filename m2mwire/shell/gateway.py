@@ -46,6 +46,7 @@ from m2mwire.session.config import (
     Timers,
     transport_limit,
 )
+from m2mwire.session.states import SILENT_BEFORE_HELLO
 from m2mwire.shell.resume_routes import ResumeRoutes
 from m2mwire.transport.base import Channel, Message, RoutedChannel, TransportConfig
 from m2mwire.transport.nats.options import NATS_OPTIONS
@@ -64,9 +65,8 @@ _LISTEN_OPTIONS = _TRANSPORT_OPTIONS | {
 }
 
 
-# What a server ignores before a HELLO (docs/PROTOCOL.md §3; a PING it answers): the gateway
-# looks past these for the client's HELLO, and past PINGs and PONGs for the worker's ACCEPT.
-_IGNORED_BEFORE_HELLO = frozenset({MessageType.PONG, MessageType.ACK, None})  # None: an unknown type
+# The gateway looks past what a server takes silently before a HELLO (SILENT_BEFORE_HELLO) and
+# past PINGs for the client's HELLO, and past PINGs and PONGs for the worker's ACCEPT.
 _KEEPALIVE = frozenset({MessageType.PING, MessageType.PONG})
 # A CLOSE as m2mwire writes one: the pre-filter of _Pipe's check for the end of the session. A CLOSE
 # spelled with JSON escapes is missed, and its route only stays until resume_window, as a lost one.
@@ -348,7 +348,7 @@ class _Pipe:
             while queue:
                 decoded = _parsed(*queue[0])
                 if decoded is None or not (
-                    decoded.type is MessageType.PING or decoded.type in _IGNORED_BEFORE_HELLO
+                    decoded.type is MessageType.PING or decoded.type in SILENT_BEFORE_HELLO
                 ):
                     return queue[0]
                 self._take()

@@ -27,7 +27,7 @@ from m2mwire.session.config import SessionConfig
 from m2mwire.session.core import SessionProtocol
 from m2mwire.session.events import Closed
 from m2mwire.session.outputs import CloseTransport, SendMessage
-from m2mwire.session.states import BINARY, Inbound, Role, State, expected
+from m2mwire.session.states import BINARY, SILENT_BEFORE_HELLO, Inbound, Role, State, expected
 
 SID = "00000000-0000-4000-8000-000000000000"
 KINDS: list[Inbound] = [*MessageType, BINARY]
@@ -260,3 +260,14 @@ def test_every_message_in_every_state(
         else:
             assert texts == []  # a client that has not said HELLO has no one to tell
         assert [o for o in outputs if isinstance(o, CloseTransport)] == [CloseTransport(1002, want)]
+
+
+@pytest.mark.parametrize("kind", [*MessageType, None], ids=lambda k: k.value if k else "unknown type")
+def test_what_a_server_takes_silently_before_a_hello(kind: MessageType | None) -> None:
+    """SILENT_BEFORE_HELLO (which a gateway routing by the HELLO looks past) is exactly what a
+    fresh server's core answers with nothing and survives."""
+    s = new_server()
+    unknown = json.dumps({"type": "NOT_A_TYPE", "session_id": SID, "payload": {}})
+    s.receive_text(unknown if kind is None else wire(kind, SID), 1.0)
+    silent = not s.data_to_send() and s.state is State.INITIAL and s.closed is None
+    assert silent == (kind in SILENT_BEFORE_HELLO), (kind, s.state)
