@@ -473,3 +473,110 @@ async def test_write_timeout_drops_a_non_reading_m2mwire_peer(scheme: str) -> No
             await asyncio.gather(sender, return_exceptions=True)
     assert errors and isinstance(errors[0], SessionTimeout), errors
     assert elapsed < 5, elapsed
+
+
+# -- stop 31: compressed messages in one transport read are held, not decoded, once paused ---------
+
+
+BOMB_SIZE, BOMBS, INBOX_BOUND = 1 << 20, 40, 1 << 20  # 40 MiB of text in a write of a few KB
+
+
+@asynccontextmanager
+async def zstd_client(port: int) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]]:
+    """A raw WebSocket connection with an established zstd session (a sans-I/O client), and
+    BOMBS zstd DATA messages of BOMB_SIZE bytes of one letter as WebSocket frames, to write at once."""
+    from m2mwire.codecs import Algorithm
+    from m2mwire.session.config import SessionConfig
+    from m2mwire.session.core import SessionProtocol
+    from m2mwire.session.outputs import SendMessage
+    from m2mwire.session.states import Role, State
+    from tests.transport.test_websocket_bounds import OP_BINARY, OP_TEXT, frame, read_frame, upgrade
+
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        await upgrade(reader, writer, port)
+        client = SessionProtocol(Role.CLIENT, SessionConfig(algorithms=(Algorithm.ZSTD,)))
+        client.initiate(0.0)
+        (hello_out,) = client.data_to_send()
+        assert isinstance(hello_out, SendMessage)
+        writer.write(frame(OP_TEXT, hello_out.message))
+        _, accept = await asyncio.wait_for(read_frame(reader), 10)
+        client.receive_text(accept, 0.0)
+        assert client.state is State.ESTABLISHED
+        frames = []
+        for _ in range(BOMBS):
+            client.send("a" * BOMB_SIZE, 0.0, algorithm=Algorithm.ZSTD)
+            for out in client.data_to_send():
+                assert isinstance(out, SendMessage)
+                message = out.message if isinstance(out.message, bytes) else b"".join(out.message)
+                frames.append(frame(OP_BINARY if out.binary else OP_TEXT, message))
+        blob = b"".join(frames)
+        assert len(blob) < 20_000
+        yield reader, writer, blob
+    finally:
+        writer.transport.abort()
+
+
+async def test_compressed_messages_in_one_read_are_not_all_decoded_into_the_inbox() -> None:
+    """A client wrote many zstd messages of 16 MiB of one letter (~250 bytes each on the wire) in
+    one TCP write: pausing stopped the next read only, so every message of that read was decoded
+    into the inbox, past max_queue and max_queue_bytes (74 KB sent held ~3 GB of a server; stop
+    31's attack run). What arrives once reading is paused is now held as it came (wire bytes),
+    and decoded as the application takes messages: none is lost."""
+    sessions: list[Session] = []
+    release = asyncio.Event()
+    got: list[int] = []
+
+    async def slow(session: Session) -> None:
+        sessions.append(session)
+        await release.wait()
+        async for message in session:
+            got.append(len(message.text or ""))
+
+    async with serve(slow, "ws://127.0.0.1:0", max_queue_bytes=INBOX_BOUND) as server:
+        async with zstd_client(server.port) as (_reader, writer, blob):
+            writer.write(blob)
+            await writer.drain()
+            async with asyncio.timeout(10):
+                while not sessions:
+                    await asyncio.sleep(0.01)
+            await asyncio.sleep(0.5)  # the server has read the write (it is far under one read)
+            held = sessions[0]._inbox_bytes
+            assert held <= INBOX_BOUND + BOMB_SIZE, f"{held / 2**20:.0f} MiB decoded into the inbox"
+            release.set()
+            async with asyncio.timeout(10):
+                while len(got) < BOMBS:
+                    await asyncio.sleep(0.01)
+            assert got == [BOMB_SIZE] * BOMBS
+
+
+@pytest.mark.parametrize("when", ["held when closing", "sent after our CLOSE"])
+async def test_a_closing_session_drops_data_past_its_inbox_unread(when: str) -> None:
+    """Closing, a session reads on for the peer's acknowledgement, and DATA that came meanwhile
+    was decoded into the inbox with no bound: what was held when the application closed, or
+    what the peer sent after our CLOSE (for up to close_timeout). DATA past the inbox's bound
+    is now dropped without being decoded."""
+    sessions: list[Session] = []
+    closed = asyncio.Event()
+
+    async def closes(session: Session) -> None:
+        sessions.append(session)
+        if when == "held when closing":
+            await asyncio.sleep(0.5)  # the client's write arrives, is partly held
+        await session.close()
+        closed.set()
+
+    async with serve(
+        closes, "ws://127.0.0.1:0", max_queue_bytes=INBOX_BOUND, timers={"close_timeout": 1.0}
+    ) as server:
+        async with zstd_client(server.port) as (reader, writer, blob):
+            if when == "sent after our CLOSE":
+                from tests.transport.test_websocket_bounds import read_frame
+
+                _, close = await asyncio.wait_for(read_frame(reader), 10)
+                assert b'"CLOSE"' in close
+            writer.write(blob)
+            await writer.drain()
+            await asyncio.wait_for(closed.wait(), 10)
+            left = sessions[0]._inbox_bytes
+            assert left <= INBOX_BOUND + BOMB_SIZE, f"{left / 2**20:.0f} MiB decoded while closing"

@@ -193,6 +193,7 @@ class SessionProtocol:
         self._close_reason: str | None = None  # ... and its reason, when not the event's code
         self._warned_at = -WARNING_INTERVAL  # rate limit of _warn()
         self._warnings_suppressed = 0
+        self._discarding = False  # CLOSING: DATA is dropped undecoded (see discard_data)
         self._zstd: ZstdSessionState | None = None  # both zstd contexts, when zstd was negotiated
         self._binary_text: BinaryText | None = None  # when binary_text was negotiated
         # Resume (docs/PROTOCOL.md "Resume"): None unless both ends negotiated it. While
@@ -306,9 +307,12 @@ class SessionProtocol:
         if state is _CLOSED:
             return None
         self._last_received = now
-        if state is not _ESTABLISHED and BINARY not in self._expected():
-            self._unexpected(BINARY, now)
-            return None
+        if state is not _ESTABLISHED:
+            if BINARY not in self._expected():
+                self._unexpected(BINARY, now)
+                return None
+            if self._discarding:
+                return None
         size = len(data) if type(data) is bytes else len(memoryview(data))
         if size > self._payload_limit:  # the channel lets control-sized messages through
             self._too_big(size, "binary message")
@@ -581,6 +585,15 @@ class SessionProtocol:
             return
         # Not established yet: there is no session to close on the wire.
         self._finish(Closed(code, reason, by_peer=False), CloseCode.NORMAL)
+
+    def discard_data(self) -> None:
+        """CLOSING (we sent CLOSE): the application takes no more messages, so DATA that still
+        arrives before the peer's acknowledgement is dropped without being decoded. Decoding it
+        only to drop it would let a peer make us decompress up to max_payload per tiny message
+        for as long as we wait (close_timeout); nothing decodes after it (the session ends), so
+        skipping it cannot desynchronise a context. No effect in any other state."""
+        if self.state is State.CLOSING:
+            self._discarding = True
 
     def acknowledge_close(self) -> None:
         """In CLOSE_RECEIVED: the application is done (it asked for more than was received before
@@ -876,6 +889,8 @@ class SessionProtocol:
             )
             return None
         assert isinstance(payload, DataPayload)
+        if self._discarding:
+            return None
         try:
             message = decode_text_data(payload, self._limits, self._zstd)
         except M2MError as exc:  # DecodeError, LimitExceeded, TokenizerUnavailable, ...

@@ -133,6 +133,12 @@ class Session:
         self._avp_metadata: AVPMetadata | None = None
         self._avp_encode: Callable[[np.ndarray[Any, Any], AVPMetadata], Sequence[Buffer]] = _no_encoder
         self._paused = False  # we stopped reading on purpose (see _update_reading)
+        # What the channel delivered after we paused it (the rest of the transport read it was
+        # in), as it came: decoded only once reading resumes. Decoding them there and then put
+        # whatever they decompress to in the inbox: one read of 246-byte zstd messages of 16 MiB
+        # each held ~3 GB of a server (stop 31's attack run). Held, they cost their wire bytes:
+        # at most one transport read. A loss of the channel behind them waits its turn (None).
+        self._held: deque[tuple[bytes, bool] | TransportError] = deque()
         self._unyielded = 0  # send()s written at once since send() last gave the loop a turn
         self._closing = False
         self._correlator = Correlator()  # our requests waiting for answers
@@ -556,10 +562,16 @@ class Session:
             await self._deliver_retained()
         timeout = self._protocol.config.timers.close_timeout
         self._closing = True
-        self._update_reading()  # the acknowledgement must be readable even if the inbox is full
-        if self._protocol.state is not State.CLOSED:
+        was_open = self._protocol.state is not State.CLOSED
+        if was_open:
             self._protocol.close(self._loop.time(), reason, code=code)
             self._after_protocol_step()
+        if self._inbox_full():
+            self._protocol.discard_data()  # see _full
+        # Read on: the acknowledgement must be readable even if the inbox is full. What was held
+        # is decoded now, up to the inbox's bound; DATA past it is dropped unread (_full).
+        self._update_reading()
+        if was_open:
             try:
                 async with asyncio.timeout(timeout):
                     await self._write_pending()
@@ -604,7 +616,10 @@ class Session:
 
     def _channel_lost(self, channel: Channel, exc: TransportError) -> None:
         if channel is self._channel and not self._handed_over:
-            self._on_transport_closed(exc)
+            if self._held:  # after the messages that came before it, as the channel sent them
+                self._held.append(exc)
+            else:
+                self._on_transport_closed(exc)
 
     def _drop_channel(self) -> None:
         """Abort the current channel and stop listening to it (resume: the session outlives it)."""
@@ -615,6 +630,7 @@ class Session:
 
     def _use_channel(self, channel: Channel) -> None:
         self._channel = channel
+        self._held.clear()  # the old channel's (see _on_transport_closed)
         if not any(t.get_name() == "m2mwire-writer" and not t.done() for t in self._tasks):
             # The writer ends with its channel (see _writer): a resumed session needs a new one.
             self._tasks = [t for t in self._tasks if not t.done()]
@@ -982,7 +998,26 @@ class Session:
 
     def _feed(self, data: bytes, text: bool) -> None:
         """One received message (a text one as its UTF-8 bytes, which the protocol validates):
-        through the protocol, into the inbox; pause reading when full."""
+        through the protocol, into the inbox; pause reading when full. Held undecoded while
+        reading is paused (see _held)."""
+        if self._paused or self._held:
+            self._held.append((data, text))
+            return
+        self._process(data, text)
+
+    def _drain_held(self) -> None:
+        """Decode what was held, in order, until the session pauses again."""
+        held = self._held
+        while held and not self._paused:
+            item = held.popleft()
+            if isinstance(item, TransportError):
+                if not self._transport_closed:
+                    self._on_transport_closed(item)
+                held.clear()
+                return
+            self._process(*item)
+
+    def _process(self, data: bytes, text: bool) -> None:
         proto = self._protocol
         if proto.state is _CLOSED:
             return
@@ -1002,7 +1037,7 @@ class Session:
                         correlator.buffered >= self._max_queue
                         or correlator.buffered_bytes >= self._max_queue_bytes
                     ):
-                        self._update_reading()
+                        self._full()
                     return
                 inbox = self._inbox
                 inbox.append(message)
@@ -1014,7 +1049,7 @@ class Session:
                     or len(inbox) >= self._max_queue
                     or self._inbox_bytes >= self._max_queue_bytes
                 ):
-                    self._update_reading()
+                    self._full()
                 return
             self._after_protocol_step()
             backlog = proto.output_backlog
@@ -1032,6 +1067,21 @@ class Session:
             self._abort_channel()
             self._on_transport_closed(TransportError("internal error while processing a message"))
 
+    def _inbox_full(self) -> bool:
+        """The inbox and the replies waiting for their requests are at their bound (max_queue
+        messages or max_queue_bytes)."""
+        return (
+            len(self._inbox) + self._correlator.buffered >= self._max_queue
+            or self._inbox_bytes + self._correlator.buffered_bytes >= self._max_queue_bytes
+        )
+
+    def _full(self) -> None:
+        """The inbox (or the replies waiting for their requests) reached its bound: pause reading;
+        closing, read on (for the peer's acknowledgement) but have further DATA dropped unread."""
+        if self._closing:
+            self._protocol.discard_data()
+        self._update_reading()
+
     def _update_reading(self) -> None:
         """Stop reading while the application lags (inbox full, in messages or in bytes) or the peer
         makes us queue output faster than it reads (e.g. a PING flood); resume at half those marks."""
@@ -1044,21 +1094,22 @@ class Session:
                 or self._protocol.output_backlog > _MAX_OUTPUT_BACKLOG // 2
             )
         else:
-            pause = (
-                len(self._inbox) + self._correlator.buffered >= self._max_queue
-                or self._inbox_bytes + self._correlator.buffered_bytes >= self._max_queue_bytes
-                or self._protocol.output_backlog > _MAX_OUTPUT_BACKLOG
-            )
+            pause = self._inbox_full() or self._protocol.output_backlog > _MAX_OUTPUT_BACKLOG
         if pause == self._paused:
             return
         self._paused = pause
-        if not self._transport_closed:
+        if not pause and self._held:
+            self._drain_held()  # may pause again: then reading stays paused
+        if not self._transport_closed and pause == self._paused:
             if pause:
                 self._channel.pause_reading()
             else:
                 self._channel.resume_reading()
 
     def _on_transport_closed(self, exc: TransportError) -> None:
+        # Held messages were not taken (not counted as received, not acknowledged): a resumed
+        # connection gets them again from the peer's retention, as what was unread in the socket.
+        self._held.clear()
         self._transport_closed = True
         self._protocol.transport_closed(None if exc.clean else exc, self._loop.time())
         self._after_protocol_step()

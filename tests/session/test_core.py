@@ -861,3 +861,26 @@ def test_a_message_nested_too_deeply_is_malformed_at_any_size(size: int) -> None
     assert [m["type"] for m in closing] == ["CLOSE"]
     assert closing[0]["payload"]["reason"] == "MALFORMED_MESSAGE"
     assert "nested too deeply" in closing[0]["payload"]["message"]
+
+
+@pytest.mark.parametrize("algorithm", [Algorithm.NONE, Algorithm.TOKENNATIVE])
+def test_a_closing_session_told_to_discard_data_drops_it_undecoded(algorithm: Algorithm) -> None:
+    """discard_data() (the shell's, once a closing session's inbox is full) drops DATA, text or
+    binary, without decoding it; the peer's CLOSE acknowledgement still ends the close. It has
+    no effect before our CLOSE."""
+    c, s = pair(cfg(algorithms=(algorithm,)), cfg(algorithms=(algorithm,)))
+    drain(c), drain(s)
+    s.discard_data()  # established: nothing changes
+    received: list[Message] = []
+    c.send("before", 0.0, algorithm=algorithm)
+    pump(c, s, received=received)
+    s.close(0.0)
+    s.discard_data()
+    c.send("after", 0.0, algorithm=algorithm)  # before c sees the CLOSE: DATA in flight
+    c.send("after", 0.0, algorithm=algorithm)
+    pump(c, s, received=received)
+    assert [m.text for m in received] == ["before"]
+    pump(s, c)  # our CLOSE; c acknowledges
+    c.acknowledge_close()
+    pump(c, s)
+    assert s.state is State.CLOSED and s.closed is not None and s.closed.code == "NORMAL"
