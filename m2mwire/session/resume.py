@@ -51,6 +51,7 @@ from m2mwire.session.zstdstate import ZstdMessage
 __all__ = [
     "ACK_EVERY",
     "ACK_FRACTION",
+    "REPLAY_MESSAGE_COST",
     "REPLAY_REFILL",
     "REPLAY_REFUND",
     "ResumeState",
@@ -66,16 +67,26 @@ _TOKEN_BYTES = 32  # 256 bits of secret: a session id alone never resumes a sess
 # zstd text. A peer that never acknowledges and resumes over and over (one ~1 KB HELLO each)
 # made a server do that back to back, stalling its other sessions. So replays draw on a budget:
 # - it holds a whole buffer at once and refills at one buffer per REPLAY_REFILL seconds;
-# - REPLAY_REFUND bytes come back per byte of a replay that the peer then acknowledges;
-# - a replay is charged per message it sends again (next_replayed), so one that a lost
-#   connection cut short costs what it carried, not the whole buffer (charging the whole buffer
-#   made a client on a connection breaking every few hundred KB wait up to 5 s per resume).
-# A client resuming after real cuts takes part of each replay before the next cut (the chaos
-# tests: several MiB of 16) and never waits, while replays nobody takes are limited to one buffer
-# per REPLAY_REFILL plus REPLAY_REFUND times what the peer acknowledges. A resume that would
-# overdraw the budget waits (ResumeState.replay_wait) before its replay starts.
+# - a replay is charged per message it sends again (next_replayed): its size plus
+#   REPLAY_MESSAGE_COST, so one that a lost connection cut short costs what it carried, not the
+#   whole buffer (charging the whole buffer made a client on a connection breaking every few
+#   hundred KB wait up to 5 s per resume);
+# - REPLAY_REFUND times what the peer then acknowledges of a replay comes back: it took that
+#   part, and a replay into a connection that breaks loses what was written after it (a whole
+#   socket buffer and more), so a client on a flaky link acknowledges little of each replay
+#   (the WebSocket chaos test: cuts every 50-400 KB; it runs in 7.5 s with 256, 15 s with 64,
+#   23 s with 16, 48 s with 8, and past its 60 s limit with 1).
+# 256 came back until stop 31: a client that acknowledged 1/256 of each replay (a count in its
+# resuming HELLO, ~1 KB) got a full 16 MiB replay per ~0.8 s (two such sessions took a core).
+# At 16, a replay at once needs 1/16 of it acknowledged, which the server no longer retains:
+# the peer must have it send that much anew for every replay. Replays nobody takes cost one
+# buffer per REPLAY_REFILL. A resume that would overdraw the budget waits
+# (ResumeState.replay_wait) before its replay starts.
 REPLAY_REFILL = 10.0
-REPLAY_REFUND = 256  # budget given back per byte of a replay the peer then acknowledged
+REPLAY_REFUND = 16  # budget given back per unit of a replay the peer then acknowledged
+# Charged per message sent again, on top of its bytes: a replay's CPU goes per message as much
+# as per byte (124,000 tiny zstd messages cost ~40 % more per byte than large ones: ~3.7 us each).
+REPLAY_MESSAGE_COST = 128
 
 # A text message's UTF-8 bytes, a binary message's buffers, a zstd message to compress again, or
 # text in binary form to frame again.
@@ -217,7 +228,7 @@ class ResumeState:
             )
             freed += size
             if i < replayed:
-                refund += size
+                refund += size + REPLAY_MESSAGE_COST
         retained[head:end] = itertools.repeat(None, released)  # released: freed now
         if end > 1024 and 2 * end > len(retained):  # drop the released prefix: amortised O(1)
             del retained[:end]
@@ -276,7 +287,7 @@ class ResumeState:
             self._transmitted_bytes += size
         else:
             self.replayed_upto = seq
-            self._replay_budget -= size
+            self._replay_budget -= size + REPLAY_MESSAGE_COST
         return message
 
     def stop_replay(self) -> None:
@@ -304,10 +315,14 @@ class ResumeState:
         messages each time; a count the resume itself will refuse releases nothing."""
         if self.acked < peer_received <= self.sent:
             self.on_ack(peer_received)  # gives back the budget of what it replayed, too
-        resend = self.retained_bytes if direct else self._transmitted_bytes - self._released_bytes
+        if direct:
+            resend, count = self.retained_bytes, self.sent - self.acked
+        else:
+            resend, count = self._transmitted_bytes - self._released_bytes, self.to_resend
         # A full buffer may hold one message more than buffer_bytes (send() waits only once it
-        # is full): its first replay still goes at once.
-        cost = min(max(resend, 0), self.buffer_bytes)
+        # is full), or many tiny ones (their REPLAY_MESSAGE_COST): its first replay still goes
+        # at once, and the next one waits for what it overdrew.
+        cost = min(max(resend, 0) + REPLAY_MESSAGE_COST * count, self.buffer_bytes)
         deficit = cost - self._budget(now)
         return max(0.0, deficit * REPLAY_REFILL / self.buffer_bytes) if self.buffer_bytes else 0.0
 

@@ -22,7 +22,7 @@ from m2mwire.session.core import SessionProtocol
 from m2mwire.session.events import Closed, Detached, Established, Resumed, ResumeRequested
 from m2mwire.session.outputs import CloseTransport, SendMessage
 from m2mwire.session.payload import Message
-from m2mwire.session.resume import ACK_EVERY, REPLAY_REFILL, REPLAY_REFUND, ResumeState
+from m2mwire.session.resume import ACK_EVERY, REPLAY_MESSAGE_COST, REPLAY_REFILL, REPLAY_REFUND, ResumeState
 from m2mwire.session.states import Role, State
 
 IDENT = ModelIdentity(model_family="llama", model_id="tiny", model_hash="ab" * 32, hidden_dim=4, num_layers=2)
@@ -366,23 +366,24 @@ def test_replays_draw_on_a_budget_of_one_buffer_per_refill_period() -> None:
         assert taken == count and not state.replaying
         return taken
 
-    state = ResumeState(1000, 1000, "t")
+    unit = 100 + REPLAY_MESSAGE_COST  # what sending a 100-byte message again is charged
+    state = ResumeState(10 * unit, 1000, "t")  # a budget of 10 such messages
     for _ in range(10):
         state.on_sent(b"x" * 100, 100)
     state.on_detached(direct=True)  # the connection that carried them is lost
     assert state.replay_wait(0, 0.0) == 0.0
-    assert replay_all(state, 0, 0.0) == 10  # the whole buffer: the budget is spent
+    assert replay_all(state, 0, 0.0) == 10  # the whole budget is spent
     assert state.replay_wait(0, 0.0) == pytest.approx(REPLAY_REFILL)
     assert state.replay_wait(0, REPLAY_REFILL / 2) == pytest.approx(REPLAY_REFILL / 2)
     assert state.replay_wait(0, REPLAY_REFILL) == 0.0
     assert replay_all(state, 0, REPLAY_REFILL / 2) == 10  # taken early anyway (the shell caps its wait):
     assert state.replay_wait(0, REPLAY_REFILL / 2) == pytest.approx(1.5 * REPLAY_REFILL)  # in debt
-    # The resuming peer got 5 replayed messages of 100 bytes: they are released (its count is an
-    # ACK), and REPLAY_REFUND times their bytes come back.
-    assert REPLAY_REFUND * 500 >= 1500 + 1000
+    # The resuming peer got 5 of the replayed messages: they are released (its count is an ACK)
+    # and REPLAY_REFUND times what they were charged comes back.
+    assert REPLAY_REFUND * 5 * unit >= 15 * unit  # the debt and the next replay
     assert state.replay_wait(5, REPLAY_REFILL / 2) == 0.0 and state.acked == 5
     # A replay cut short (the connection lost after 2 messages) is charged those 2 only.
-    state = ResumeState(1000, 1000, "t")
+    state = ResumeState(10 * unit, 1000, "t")
     for _ in range(5):
         state.on_sent(b"x" * 100, 100)
     state.on_detached(direct=True)
@@ -392,8 +393,8 @@ def test_replays_draw_on_a_budget_of_one_buffer_per_refill_period() -> None:
         assert state.next_replayed() == b"x" * 100 and state.next_replayed() is not None
         state.on_detached(direct=False)  # the connection carrying the replay is lost
         assert not state.replaying
-    # 2 x 200 bytes charged: the 600 left still cover a replay of the 500 retained (charged
-    # whole, 2 x 500, the budget would be spent).
+    # 2 x 2 units charged: the 6 left still cover a replay of the 5 retained (charged whole,
+    # 2 x 5, the budget would be spent).
     assert state.replay_wait(0, 0.0) == 0.0
     assert replay_all(state, 0, 0.0) == 5 and state.replay_wait(0, 0.0) > 0
 
@@ -591,6 +592,27 @@ def test_data_sent_during_a_replay_goes_after_it_through_the_same_fresh_context(
     assert [m.text for m in deliver(client, server, 5.0)] == [_prose(5)]
 
 
+def test_acknowledging_a_sliver_of_each_replay_does_not_buy_the_next_one_at_once() -> None:
+    """256 times what the peer acknowledged of a replay came back to the budget: a client whose
+    resuming HELLO acknowledged 1/256 of each replay (a count, which costs it nothing) had the
+    server replay its whole 16 MiB buffer again at once, every ~0.8 s (stop 31's attack run:
+    two such sessions took a server core). REPLAY_REFUND (16) times it comes back now."""
+    state = ResumeState(1 << 20, 1 << 20, "t")
+    for _ in range(900):
+        state.on_sent(b"x" * 1000, 1000)
+    state.on_detached(direct=True)
+    now = 0.0
+    for _round in range(3):
+        assert state.replay(state.acked, now) == 900 - state.acked
+        while state.next_replayed() is not None:  # bounded by what is retained
+            pass
+        state.on_detached(direct=False)
+        # The next resume acknowledges 4 more messages (~1/256 of the replay).
+        wait = state.replay_wait(state.acked + 4, now)
+        assert wait > 0.8 * REPLAY_REFILL, f"a replay of ~1 MB after 4 KB acknowledged: wait {wait:.2f} s"
+        now += wait
+
+
 def test_a_replay_cut_short_is_charged_what_it_sent_and_the_next_resume_waits_for_that_only() -> None:
     """A connection that breaks every few hundred KB with the peer's buffer full: charging each
     resume the whole buffer made the server wait up to hello_timeout / 2 before nearly every
@@ -614,7 +636,7 @@ def test_a_replay_cut_short_is_charged_what_it_sent_and_the_next_resume_waits_fo
         for _ in range(3):  # written, then lost with the connection: the client never gets them
             assert isinstance(server.next_output(), SendMessage)
         now += 0.01
-    per_cut = 3 * 5060 * REPLAY_REFILL / (1 << 20)  # 3 messages at the refill rate: ~0.145 s
+    per_cut = 3 * (5060 + REPLAY_MESSAGE_COST) * REPLAY_REFILL / (1 << 20)  # 3 at the refill rate: ~0.15 s
     assert waits[0] == 0.0 and max(waits) <= per_cut
     assert server.stats.reconnects == 10 and server.resume.acked == 0
     assert server.stats.retransmitted == 30  # what went out again, not 220 per resume
