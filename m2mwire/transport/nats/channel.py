@@ -41,6 +41,11 @@ _RESYNC_EVERY = 0.25  # seconds between two resend requests for the same gap
 # NATS drops what it cannot deliver, a CREDIT too (see _announce_credit and _wait_credit):
 _ANNOUNCE_EVERY = 0.25  # seconds between two credit re-announcements a peer asked for
 _RESEND_EVERY = 0.25  # seconds between two resends of our unacknowledged messages a peer asked for
+# ... doubling up to this while the peer's acknowledgement does not move between them: a peer
+# that asked for resends 10 times a second and acknowledged nothing had a worker publish its
+# whole window 4 times a second for as long as it liked (stop 31's attack run: 6 such channels,
+# 24 KB sent in 20 s, took 13.5 s of a worker's CPU).
+_RESEND_MAX_EVERY = 8.0
 _ASK_CREDIT_AFTER = 1.0  # seconds a send waits for credit before asking the peer for it (again)
 # NATS drops a DATA message too, and when it was the last one sent no later one shows the gap:
 _ASK_ACK_AFTER = 1.0  # seconds without acknowledgement progress before the sender asks (see _check_acked)
@@ -58,14 +63,14 @@ class _Paced:
     that matters), and the requests made meanwhile share that one run."""
 
     def __init__(self, loop: asyncio.AbstractEventLoop, every: float, action: Callable[[], None]) -> None:
-        self._loop, self._every, self._action = loop, every, action
+        self._loop, self.every, self._action = loop, every, action
         self._last = -math.inf
         self._handle: asyncio.TimerHandle | None = None  # one deferred run, at most
 
     def request(self) -> None:
         if self._handle is not None:
             return  # one is due already
-        wait = self._last + self._every - self._loop.time()
+        wait = self._last + self.every - self._loop.time()
         if wait > 0:
             self._handle = self._loop.call_later(wait, self._run)
         else:
@@ -123,7 +128,8 @@ class NatsChannel:
         self._announcer = _Paced(self._loop, _ANNOUNCE_EVERY, self._send_credit)  # our credit, again
         self._ack_handle: asyncio.TimerHandle | None = None  # armed while messages are unacknowledged
         self._ack_mark = 0  # the oldest unacknowledged sequence number at the last check
-        self._peer_resend = _Paced(self._loop, _RESEND_EVERY, self._request_resend)  # the peer asked (RESYNC)
+        self._peer_resend = _Paced(self._loop, _RESEND_EVERY, self._resend_asked)  # the peer asked (RESYNC)
+        self._asked_at_ack = -1  # our sender's acknowledged cost when the peer last had a resend
         self._parts: bytearray | None = None  # a message being reassembled
         self._parts_total = 0
         self._parts_text = False
@@ -580,6 +586,17 @@ class NatsChannel:
         matters), and the asks meanwhile share it (each resend sends everything unacknowledged)."""
         if self.lost is None:
             self._peer_resend.request()
+
+    def _resend_asked(self) -> None:
+        """A resend the peer asked for is due. Its pacing doubles (up to _RESEND_MAX_EVERY)
+        while the peer acknowledges nothing between two of them, and starts again at
+        _RESEND_EVERY once it does: an honest peer that lost a message acknowledges the resend."""
+        acked = self._sender.acked
+        paced = self._peer_resend
+        stuck = acked == self._asked_at_ack
+        paced.every = min(paced.every * 2, _RESEND_MAX_EVERY) if stuck else _RESEND_EVERY
+        self._asked_at_ack = acked
+        self._request_resend()
 
     def _request_resend(self) -> None:
         self._resend = True
