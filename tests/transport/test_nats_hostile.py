@@ -409,11 +409,15 @@ async def test_no_responders_statuses_that_no_probe_asked_for_do_not_end_a_sessi
             await session.close()
 
 
-async def test_resends_a_peer_asks_for_without_acknowledging_back_off(small_nats: LocalNatsServer) -> None:
-    """Stop 31's attack run: a peer that sent a RESYNC every 0.1 s and acknowledged nothing had
+@pytest.mark.parametrize("acks", ["nothing", "one more message each time"])
+async def test_resends_a_peer_asks_for_without_acknowledging_back_off(
+    small_nats: LocalNatsServer, acks: str
+) -> None:
+    """Stop 31's attack runs: a peer that sent a RESYNC every 0.1 s and acknowledged nothing had
     the worker publish everything unacknowledged again every 0.25 s, for as long as it liked
-    (6 such channels took 13.5 s of a worker's CPU in 20 s). While the peer's acknowledgement
-    does not move, the pacing now doubles, up to 8 s."""
+    (6 such channels took 13.5 s of a worker's CPU in 20 s); acknowledging one more message per
+    RESYNC did the same once any progress reset the pacing. Unless the peer acknowledges half
+    of what the last resend sent, the pacing now doubles, up to 8 s."""
     channels: list[NatsChannel] = []
     resends = [0]
     done = asyncio.Event()
@@ -427,7 +431,7 @@ async def test_resends_a_peer_asks_for_without_acknowledging_back_off(small_nats
             await resend()
 
         channel._resend_unacked = counted  # type: ignore[method-assign]
-        for _ in range(5):
+        for _ in range(100):
             await channel.send(b"y" * 1000)
         await done.wait()
 
@@ -440,11 +444,11 @@ async def test_resends_a_peer_asks_for_without_acknowledging_back_off(small_nats
         attacker._announcer._action = lambda: None
         attacker._ask_resend = lambda: None  # type: ignore[method-assign]
         async with asyncio.timeout(10):
-            while not channels or len(channels[0]._sender.unacked) < 5:
+            while not channels or len(channels[0]._sender.unacked) < 100:
                 await asyncio.sleep(0.01)
-        resync = f.pack_credit(0, 1 << 20, f.RESYNC)
-        for _ in range(60):  # 3 s of a RESYNC every 0.05 s
-            await attacker._nc.publish(attacker._out, resync)
+        for i in range(60):  # 3 s of a RESYNC every 0.05 s
+            ack = i + 1 if acks == "one more message each time" else 0
+            await attacker._nc.publish(attacker._out, f.pack_credit(ack, 1 << 20, f.RESYNC))
             await asyncio.sleep(0.05)
         # 0, 0.25, 0.75, 1.75 s (then 3.75): 4; at a resend per 0.25 s, 12 or 13
         assert 2 <= resends[0] <= 5, resends[0]

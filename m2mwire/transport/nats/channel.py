@@ -129,7 +129,8 @@ class NatsChannel:
         self._ack_handle: asyncio.TimerHandle | None = None  # armed while messages are unacknowledged
         self._ack_mark = 0  # the oldest unacknowledged sequence number at the last check
         self._peer_resend = _Paced(self._loop, _RESEND_EVERY, self._resend_asked)  # the peer asked (RESYNC)
-        self._asked_at_ack = -1  # our sender's acknowledged cost when the peer last had a resend
+        # Our sender's acknowledged cost when the peer last had a resend, and what that resend sent.
+        self._asked_at_ack = self._asked_resent = 0
         self._parts: bytearray | None = None  # a message being reassembled
         self._parts_total = 0
         self._parts_text = False
@@ -589,13 +590,19 @@ class NatsChannel:
 
     def _resend_asked(self) -> None:
         """A resend the peer asked for is due. Its pacing doubles (up to _RESEND_MAX_EVERY)
-        while the peer acknowledges nothing between two of them, and starts again at
-        _RESEND_EVERY once it does: an honest peer that lost a message acknowledges the resend."""
-        acked = self._sender.acked
+        unless the peer acknowledged at least half of what the previous one sent, and starts
+        again at _RESEND_EVERY when it has: an honest peer that lost a message takes the resend
+        and acknowledges it. (Any progress at all was enough at first: a peer acknowledging one
+        more message per RESYNC kept a worker resending its window every 0.25 s.)"""
+        sender = self._sender
+        acked = sender.acked
         paced = self._peer_resend
-        stuck = acked == self._asked_at_ack
-        paced.every = min(paced.every * 2, _RESEND_MAX_EVERY) if stuck else _RESEND_EVERY
+        took = acked - self._asked_at_ack
+        paced.every = (
+            _RESEND_EVERY if 2 * took >= self._asked_resent else min(paced.every * 2, _RESEND_MAX_EVERY)
+        )
         self._asked_at_ack = acked
+        self._asked_resent = max(1, sender.sent - acked)  # what this resend sends (its cost)
         self._request_resend()
 
     def _request_resend(self) -> None:
