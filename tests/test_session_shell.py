@@ -317,3 +317,53 @@ async def test_writing_a_long_queue_gives_the_event_loop_a_turn(memory_scheme: s
                 ticked = turns[0]
             assert not protocol.has_output
     assert 7 <= ticked <= 9  # one turn per 1,024 messages written, not none
+
+
+# -- messages a transport delivers after the pause (the rest of its read): held, then lost -------
+
+
+@pytest.mark.parametrize("noticed_by", ["the channel", "a failed write"])
+async def test_without_resume_held_messages_reach_the_application_before_the_loss(
+    memory_scheme: str, noticed_by: str
+) -> None:
+    """A WebSocket or QUIC channel delivers the rest of a read after the session paused it; the
+    session holds those messages undecoded (_held). A loss noticed by the channel waited behind
+    them, but one noticed by a failed write dropped them (stop 31's second attack run): without
+    resume nothing brings them again. Either way the application now reads them first."""
+    from m2mwire.schemas.messages import DataPayload, encode_data
+
+    sessions: list[Session] = []
+    release = asyncio.Event()
+    got: list[str] = []
+
+    async def slow(session: Session) -> None:
+        sessions.append(session)
+        await release.wait()
+        with pytest.raises((SessionClosed, TransportError)):
+            async for message in session:
+                got.append(message.text or "")
+
+    async with running(memory_scheme, slow, max_queue=2, resume_window=0) as server:
+        async with connect(server.url) as client:
+            for i in range(2):  # the inbox is full: reading pauses
+                await client.send(f"m{i}")
+            async with asyncio.timeout(5):
+                while not sessions or len(sessions[0]._inbox) < 2:
+                    await asyncio.sleep(0.01)
+            session = sessions[0]
+            assert session._paused
+            sid = session.info.session_id
+            for i in range(2, 5):  # what a transport's read delivers past the pause
+                data = encode_data(DataPayload(algorithm="none", content=f"m{i}"), sid)
+                session._feed(data if isinstance(data, bytes) else data.encode(), True)
+            assert len(session._held) == 3
+            loss = TransportError("connection reset", clean=False)
+            if noticed_by == "the channel":
+                session._channel_lost(session._channel, loss)
+            else:
+                session._on_transport_closed(loss)
+            release.set()
+            async with asyncio.timeout(5):
+                while len(got) < 5 and session.close_event is None:
+                    await asyncio.sleep(0.01)
+            assert got == [f"m{i}" for i in range(5)]

@@ -137,7 +137,7 @@ class Session:
         # in), as it came: decoded only once reading resumes. Decoding them there and then put
         # whatever they decompress to in the inbox: one read of 246-byte zstd messages of 16 MiB
         # each held ~3 GB of a server (stop 31's attack run). Held, they cost their wire bytes:
-        # at most one transport read. A loss of the channel behind them waits its turn (None).
+        # at most one transport read. See _on_transport_closed for a loss of the channel.
         self._held: deque[tuple[bytes, bool] | TransportError] = deque()
         self._unyielded = 0  # send()s written at once since send() last gave the loop a turn
         self._closing = False
@@ -616,10 +616,7 @@ class Session:
 
     def _channel_lost(self, channel: Channel, exc: TransportError) -> None:
         if channel is self._channel and not self._handed_over:
-            if self._held:  # after the messages that came before it, as the channel sent them
-                self._held.append(exc)
-            else:
-                self._on_transport_closed(exc)
+            self._on_transport_closed(exc)
 
     def _drop_channel(self) -> None:
         """Abort the current channel and stop listening to it (resume: the session outlives it)."""
@@ -1010,10 +1007,8 @@ class Session:
         held = self._held
         while held and not self._paused:
             item = held.popleft()
-            if isinstance(item, TransportError):
-                if not self._transport_closed:
-                    self._on_transport_closed(item)
-                held.clear()
+            if isinstance(item, TransportError):  # the loss, behind what came before it
+                self._lost(item)
                 return
             self._process(*item)
 
@@ -1065,7 +1060,7 @@ class Session:
         except Exception:  # a bug must not leave the application waiting forever
             log.exception("session failed to process a message")
             self._abort_channel()
-            self._on_transport_closed(TransportError("internal error while processing a message"))
+            self._lost(TransportError("internal error while processing a message"))
 
     def _inbox_full(self) -> bool:
         """The inbox and the replies waiting for their requests are at their bound (max_queue
@@ -1107,8 +1102,21 @@ class Session:
                 self._channel.resume_reading()
 
     def _on_transport_closed(self, exc: TransportError) -> None:
-        # Held messages were not taken (not counted as received, not acknowledged): a resumed
-        # connection gets them again from the peer's retention, as what was unread in the socket.
+        """The channel is gone (it said so, or a write failed). Held messages were received but
+        not taken (not counted, not acknowledged). With resume they are dropped: the resumed
+        connection gets them again from the peer's retention, and the session must reconnect
+        now. Without resume nothing would bring them again, so the loss takes its turn behind
+        them: the application reads them first, however the loss was noticed."""
+        held = self._held
+        if held and self._protocol.resume is None:
+            if not isinstance(held[-1], TransportError):
+                held.append(exc)
+            self._transport_closed = True  # nothing more is written meanwhile
+            self._writer_wakeup.set()
+            return
+        self._lost(exc)
+
+    def _lost(self, exc: TransportError) -> None:
         self._held.clear()
         self._transport_closed = True
         self._protocol.transport_closed(None if exc.clean else exc, self._loop.time())
