@@ -323,13 +323,15 @@ async def test_writing_a_long_queue_gives_the_event_loop_a_turn(memory_scheme: s
 
 
 @pytest.mark.parametrize("noticed_by", ["the channel", "a failed write"])
-async def test_without_resume_held_messages_reach_the_application_before_the_loss(
+async def test_a_lost_channel_drops_held_messages_and_ends_the_session_at_once(
     memory_scheme: str, noticed_by: str
 ) -> None:
-    """A WebSocket or QUIC channel delivers the rest of a read after the session paused it; the
-    session holds those messages undecoded (_held). A loss noticed by the channel waited behind
-    them, but one noticed by a failed write dropped them (stop 31's second attack run): without
-    resume nothing brings them again. Either way the application now reads them first."""
+    """A WebSocket channel delivers the rest of a read after the session paused it; the session
+    holds those messages undecoded (_held). For a while a loss without resume waited behind
+    them until the application read them: a session that only sent, or waited in wait_closed(),
+    then had sends "succeed" into nothing and never ended, as paused reading stops the ping
+    timers (stop 31's code review). A loss, however noticed, now drops them (they were not
+    taken: with resume the peer sends them again) and ends the session at once."""
     from m2mwire.schemas.messages import DataPayload, encode_data
 
     sessions: list[Session] = []
@@ -362,8 +364,12 @@ async def test_without_resume_held_messages_reach_the_application_before_the_los
                 session._channel_lost(session._channel, loss)
             else:
                 session._on_transport_closed(loss)
+            assert not session._held
+            await asyncio.wait_for(session.wait_closed(), 2)
+            with pytest.raises((SessionClosed, TransportError)):
+                await session.send("after the loss")
             release.set()
             async with asyncio.timeout(5):
-                while len(got) < 5 and session.close_event is None:
+                while len(got) < 2:
                     await asyncio.sleep(0.01)
-            assert got == [f"m{i}" for i in range(5)]
+            assert got == ["m0", "m1"]  # what was taken before the loss is still read

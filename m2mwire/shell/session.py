@@ -137,8 +137,8 @@ class Session:
         # in), as it came: decoded only once reading resumes. Decoding them there and then put
         # whatever they decompress to in the inbox: one read of 246-byte zstd messages of 16 MiB
         # each held ~3 GB of a server (stop 31's attack run). Held, they cost their wire bytes:
-        # at most one transport read. See _on_transport_closed for a loss of the channel.
-        self._held: deque[tuple[bytes, bool] | TransportError] = deque()
+        # at most one transport read. A loss of the channel drops them (see _on_transport_closed).
+        self._held: deque[tuple[bytes, bool]] = deque()
         self._unyielded = 0  # send()s written at once since send() last gave the loop a turn
         self._closing = False
         self._correlator = Correlator()  # our requests waiting for answers
@@ -1006,11 +1006,7 @@ class Session:
         """Decode what was held, in order, until the session pauses again."""
         held = self._held
         while held and not self._paused:
-            item = held.popleft()
-            if isinstance(item, TransportError):  # the loss, behind what came before it
-                self._lost(item)
-                return
-            self._process(*item)
+            self._process(*held.popleft())
 
     def _process(self, data: bytes, text: bool) -> None:
         proto = self._protocol
@@ -1060,7 +1056,7 @@ class Session:
         except Exception:  # a bug must not leave the application waiting forever
             log.exception("session failed to process a message")
             self._abort_channel()
-            self._lost(TransportError("internal error while processing a message"))
+            self._on_transport_closed(TransportError("internal error while processing a message"))
 
     def _inbox_full(self) -> bool:
         """The inbox and the replies waiting for their requests are at their bound (max_queue
@@ -1102,21 +1098,14 @@ class Session:
                 self._channel.resume_reading()
 
     def _on_transport_closed(self, exc: TransportError) -> None:
-        """The channel is gone (it said so, or a write failed). Held messages were received but
-        not taken (not counted, not acknowledged). With resume they are dropped: the resumed
-        connection gets them again from the peer's retention, and the session must reconnect
-        now. Without resume nothing would bring them again, so the loss takes its turn behind
-        them: the application reads them first, however the loss was noticed."""
-        held = self._held
-        if held and self._protocol.resume is None:
-            if not isinstance(held[-1], TransportError):
-                held.append(exc)
-            self._transport_closed = True  # nothing more is written meanwhile
-            self._writer_wakeup.set()
-            return
-        self._lost(exc)
-
-    def _lost(self, exc: TransportError) -> None:
+        """The channel is gone: it said so, or a write failed."""
+        # Held messages were received but not taken (not decoded, counted or acknowledged): they
+        # go with the connection, as bytes still unread in its socket would. With resume the
+        # peer's retention sends them again. Without it they are lost, as anything in flight is
+        # when a connection breaks. (Keeping the loss behind them until the application read
+        # them left a session that only sent, or waited in wait_closed(), with sends that
+        # "succeeded" into nothing and no timer to end it: reading was paused, which stops the
+        # ping timers; stop 31's code review.)
         self._held.clear()
         self._transport_closed = True
         self._protocol.transport_closed(None if exc.clean else exc, self._loop.time())
