@@ -281,6 +281,39 @@ async def test_resumes_that_carry_nothing_do_not_restart_max_elapsed() -> None:
             assert (await asyncio.wait_for(session.recv(), 5)).text == "after"
 
 
+async def test_a_one_way_stream_over_short_connections_is_not_given_up() -> None:
+    """What a connection carries one way is often acknowledged only in the next resume's ACCEPT
+    (ACKs come per 1,024 messages or an eighth of the buffer), so judged at its own loss every
+    connection of a slow one-way stream cut every 0.3 s looked as if nothing got through, and
+    the client gave up (RECONNECT_GAVE_UP) while every message arrived (stop 31's code review).
+    A connection is now judged at the next resume, with what that ACCEPT acknowledges."""
+    got: list[str] = []
+
+    async def sink(session: Session) -> None:
+        async for message in session:
+            got.append(message.text or "")
+
+    policy = Reconnect(initial_delay=0.02, max_delay=1.0, max_elapsed=1.0)
+    async with proxied(sink) as (_server, proxy):
+        async with m2mwire.connect(f"ws://127.0.0.1:{proxy.port}", reconnect=policy) as session:
+            loop = asyncio.get_running_loop()
+            started = next_cut = loop.time()
+            sent = 0
+            while loop.time() - started < 3.0:  # three times max_elapsed, ~10 cuts
+                await session.send(f"m{sent}")
+                sent += 1
+                await asyncio.sleep(0.05)
+                if loop.time() >= next_cut + 0.3:
+                    proxy.cut()
+                    next_cut = loop.time()
+            assert session.close_event is None, session.close_event
+            assert session.stats.reconnects >= 5
+        async with asyncio.timeout(5):
+            while len(got) < sent:
+                await asyncio.sleep(0.01)
+        assert got == [f"m{i}" for i in range(sent)]
+
+
 async def test_a_session_announcing_no_max_payload_takes_large_messages_after_a_resume() -> None:
     """With max_payload=0 on both sides (none announced: 16 MiB applies), a resumed connection
     kept the handshake's 64 KiB limit (it was raised only for a non-zero negotiated max_payload,

@@ -88,13 +88,15 @@ def _ignore(*_args: object) -> None:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _LastResume:
-    """A client's last successful resume: the backoff it was at, when it resumed, the deadline
-    its reconnect loop had (max_elapsed after the loss), and ResumeState.progress just after."""
+    """A client's last successful resume: the backoff it was at, when it resumed,
+    ResumeState.progress just after, and the deadline its reconnect loop had (max_elapsed after
+    the loss that began a run of connections through which nothing got), or None when
+    something got through since the resume before (the next loss then starts afresh)."""
 
     delays: Iterator[float]
     resumed_at: float
-    give_up_at: float
     progress: int
+    give_up_at: float | None
 
 
 class Session:
@@ -681,11 +683,18 @@ class Session:
             # loop went hot: ~5,000 resumes in 8 s against one such failure).
             delays = last.delays
             wait = next(delays)
-            if protocol.resume is not None and protocol.resume.progress == last.progress:
-                # ... and if no DATA got through that connection either way, its resume was no
-                # recovery: max_elapsed still counts from the loss before it. Else a server that
-                # accepted every resume and then cut kept a client retrying for good. A session
-                # that moves data between losses, however frequent, starts afresh each time.
+            if (
+                last.give_up_at is not None
+                and protocol.resume is not None
+                and protocol.resume.progress == last.progress
+            ):
+                # ... and if no DATA got through since the resume before that one, nor through
+                # this connection as far as we know yet, these resumes were no recovery:
+                # max_elapsed still counts from the loss that began them. Else a server that
+                # accepted every resume and then cut kept a client retrying for good. (What a
+                # connection carried is often acknowledged only by the next resume's ACCEPT: a
+                # connection is judged then, see below, so a session that moves data between
+                # losses, however frequent, starts afresh each time.)
                 give_up_at = last.give_up_at
         else:
             delays = policy.delays()
@@ -719,8 +728,10 @@ class Session:
                 if outcome != "detached":
                     if outcome == "resumed":
                         assert protocol.resume is not None  # a session that resumed has it
+                        progress = protocol.resume.progress  # the ACCEPT's count included
+                        moved = last is not None and progress > last.progress
                         self._last_resume = _LastResume(
-                            delays, loop.time(), give_up_at, protocol.resume.progress
+                            delays, loop.time(), progress, None if moved else give_up_at
                         )
                     return  # resumed, or the server refused (the session is closed)
             wait = next(delays)
