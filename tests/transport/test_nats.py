@@ -382,7 +382,7 @@ async def test_a_buffer_changed_after_sending_arrives_as_it_was_sent(nats_server
         await asyncio.sleep(0)
         big[:] = b"z" * len(big)
         await task
-        retained = [bytes(head) + bytes(body) for _, head, body in client._sender.unacked]
+        retained = [bytes(head) + bytes(body) for head, body in client._sender.payloads()]
         assert all(b"z" not in part[f.HEADER.size :] for part in retained[:2])
         for _ in range(300):
             if len(received) == 3:

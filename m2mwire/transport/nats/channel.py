@@ -218,7 +218,7 @@ class NatsChannel:
             return False
         taken = sender.take(cost)
         assert taken == seq
-        self._retain(seq, head, view)
+        self._retain(head, view)
         return True
 
     async def send(self, message: OutgoingMessage, text: bool = False) -> None:
@@ -260,7 +260,7 @@ class NatsChannel:
                 async with self._send_lock:
                     seq = await self._wait_credit(_CLOSE_COST)
                     payload = f.pack_close(f.CLOSE, seq, code, reason)
-                    self._retain(seq, payload)
+                    self._retain(payload)
                     await self._publish(payload, b"")
         finally:
             self._fail(
@@ -525,7 +525,7 @@ class NatsChannel:
         size = _HEAD + len(prefix) + body.nbytes
         seq = await self._wait_credit(size + f.MESSAGE_COST)
         head = f.HEADER.pack(kind, seq) + prefix
-        self._retain(seq, head, body)
+        self._retain(head, body)
         await self._publish(head, body)
 
     async def _wait_credit(self, cost: int) -> int:
@@ -625,16 +625,16 @@ class NatsChannel:
 
     async def _resend_unacked(self) -> None:
         self._resend = False
-        for _, head, body in list(self._sender.unacked):
+        for head, body in self._sender.payloads():
             await self._publish(head, body)
             if self.lost is not None:
                 return
 
-    def _retain(self, seq: int, head: bytes, body: bytes | memoryview = b"") -> None:
-        """Keep a published sequenced message until acknowledged, watched by _check_acked."""
-        self._sender.retain(seq, head, body)
+    def _retain(self, head: bytes, body: bytes | memoryview = b"") -> None:
+        """Keep the sequenced message just taken until acknowledged, watched by _check_acked."""
+        self._sender.retain(head, body)
         if self._ack_handle is None:
-            self._ack_mark = self._sender.unacked[0][0]
+            self._ack_mark = self._sender.oldest_unacked
             self._ack_handle = self._loop.call_later(_ASK_ACK_AFTER, self._check_acked)
 
     def _check_acked(self) -> None:
@@ -653,10 +653,9 @@ class NatsChannel:
         _ASK_ACK_AFTER per channel, none while a send is under way (one waiting for credit asks
         by itself) or every message is acknowledged."""
         self._ack_handle = None
-        unacked = self._sender.unacked
-        if self.lost is not None or not unacked:
+        if self.lost is not None or not self._sender.unacked:
             return  # armed again by the next message retained
-        oldest = unacked[0][0]
+        oldest = self._sender.oldest_unacked
         if oldest == self._ack_mark and not self._send_lock.locked() and not self._resend:
             self._ask_ack()
         self._ack_mark = oldest

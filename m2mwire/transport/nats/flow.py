@@ -27,7 +27,12 @@ from __future__ import annotations
 
 from collections import deque
 
-__all__ = ["DUPLICATE", "GAP", "OVER_CREDIT", "TAKE", "Receiver", "Sender"]
+__all__ = ["DUPLICATE", "GAP", "JOIN_BELOW", "OVER_CREDIT", "TAKE", "Receiver", "Sender"]
+
+#: Payloads up to this many bytes are retained as one bytes object (head and body joined: one
+#: copy of at most this much); larger ones keep their body by reference, where the ~250 bytes of
+#: a pair and a view are small beside the payload.
+JOIN_BELOW = 4096
 
 # Receiver.check's verdicts on a sequenced message.
 TAKE = 0  # the next one expected, within credit: process it
@@ -45,38 +50,60 @@ class Sender:
         self.sent = 0  # total cost sent so far
         self.acked = 0  # total cost of the messages acknowledged
         self.next_seq = 1
-        # (seq, head, body) kept for a resend: the NATS payload is head + body (body immutable)
-        self.unacked: deque[tuple[int, bytes, bytes | memoryview]] = deque()
+        # What a resend needs, oldest first: the NATS payload of each sequenced message taken and
+        # not yet acknowledged, numbered from next_seq - len(unacked) (every message taken is
+        # retained before anything else runs, so the numbers are consecutive). A small payload
+        # is one bytes object (head and body joined); a large one a (head, body) pair, the body
+        # retained by reference. A per-message tuple, sequence number and memoryview cost ~400
+        # bytes more than the payload, 7x what a 10-byte message is charged (MESSAGE_COST):
+        # joined, a message holds its payload + ~90 bytes, near what it is charged.
+        self.unacked: deque[bytes | tuple[bytes, bytes | memoryview]] = deque()
         self.retained_bytes = 0
-        self._sent_at: deque[tuple[int, int]] = deque()  # (seq, self.sent once it was taken)
+        # self.sent once each unacknowledged message was taken, from sequence number _sent_seq on.
+        self._sent_at: deque[int] = deque()
+        self._sent_seq = 1
 
     def has_credit(self, cost: int) -> bool:
         sent = self.sent + cost
         return sent <= self.limit and sent - self.acked <= self.window
 
     def take(self, cost: int) -> int:
-        """Account for one sequenced message of ``cost``; returns its sequence number."""
+        """Account for one sequenced message of ``cost``; returns its sequence number. The caller
+        retains its payload (:meth:`retain`) before anything else acts on this sender."""
         self.sent += cost
         seq = self.next_seq
         self.next_seq += 1
-        self._sent_at.append((seq, self.sent))
+        self._sent_at.append(self.sent)
         return seq
 
-    def retain(self, seq: int, head: bytes, body: bytes | memoryview = b"") -> None:
-        self.unacked.append((seq, head, body))
-        self.retained_bytes += len(head) + len(body)
+    def retain(self, head: bytes, body: bytes | memoryview = b"") -> None:
+        """Keep the payload (``head + body``) of the message just taken, for a resend."""
+        size = len(head) + len(body)
+        # memoryview: len() counts items; the channel's views are cast to bytes ("B").
+        self.unacked.append(head + body if size <= JOIN_BELOW else (head, body))
+        self.retained_bytes += size
+
+    @property
+    def oldest_unacked(self) -> int:
+        """The sequence number of the oldest message retained (next_seq when none is)."""
+        return self.next_seq - len(self.unacked)
+
+    def payloads(self) -> list[tuple[bytes, bytes | memoryview]]:
+        """(head, body) of every message retained, oldest first: what a resend publishes."""
+        return [(entry, b"") if isinstance(entry, bytes) else entry for entry in self.unacked]
 
     def on_credit(self, ack: int, limit: int) -> bool:
         """Apply a CREDIT; True when the limit grew or messages were acknowledged (a waiting
         sender may go on)."""
         unacked = self.unacked
-        while unacked and unacked[0][0] <= ack:
-            _, head, body = unacked.popleft()
-            self.retained_bytes -= len(head) + len(body)
+        for _ in range(min(len(unacked), ack - self.oldest_unacked + 1)):
+            entry = unacked.popleft()
+            self.retained_bytes -= len(entry) if isinstance(entry, bytes) else len(entry[0]) + len(entry[1])
         sent_at = self._sent_at
         acked = self.acked
-        while sent_at and sent_at[0][0] <= ack:
-            acked = sent_at.popleft()[1]
+        for _ in range(min(len(sent_at), ack - self._sent_seq + 1)):
+            acked = sent_at.popleft()
+            self._sent_seq += 1
         if acked > self.acked:
             self.acked = acked
             if limit <= self.limit:
