@@ -171,6 +171,44 @@ async def test_a_cancelled_send_still_delivers_its_message_whole_and_once(memory
     assert received == [*sent, "after"]
 
 
+async def test_a_send_after_a_cancelled_one_does_not_overtake_it(memory_scheme: str) -> None:
+    """A send() cancelled (here by a timeout) leaves its message to a write task, waiting for
+    room. A smaller message sent next, at once, fits in the room left and must not go first:
+    send()'s synchronous path waits its turn while a write is in flight (stop 32's review found
+    it overtaking)."""
+    start_reading = asyncio.Event()
+    received: list[str] = []
+
+    async def slow_reader(session: Session) -> None:
+        await start_reading.wait()
+        async for message in session:
+            received.append(message.text or "")
+            if message.text == "after":
+                return
+
+    async with running(memory_scheme, slow_reader, max_queue=1) as server, connect(server.url) as client:
+        sent: list[str] = []
+        for i in range(100):  # until a send has to wait: the server reads nothing yet
+            message = f"{i} {_PAYLOAD}"
+            sent.append(message)
+            try:
+                async with asyncio.timeout(0.05):
+                    await client.send(message)
+            except TimeoutError:
+                break
+        else:
+            pytest.fail("the in-memory buffers never filled")
+        start_reading.set()
+        # In the same task, before the writer task runs: "after" fits in the room the waiting
+        # message does not, so the channel would take it now.
+        await client.send("after")
+        for _ in range(200):
+            if received[-1:] == ["after"]:
+                break
+            await asyncio.sleep(0.01)
+    assert received == [*sent, "after"]
+
+
 async def test_close_handshake_codes(memory_scheme: str) -> None:
     server_side: asyncio.Future[Session] = asyncio.get_running_loop().create_future()
 

@@ -401,8 +401,9 @@ class Session:
                 )
             sent = self._protocol.send_frame(self._avp_parts(content, extra), now)
         protocol = self._protocol
-        if not self._writing and not self._transport_closed:
-            # Nothing queued before us and nobody writing: write synchronously if the channel can.
+        if not self._writing and self._inflight is None and not self._transport_closed:
+            # Nothing queued before us, nobody writing and no write left in flight by a cancelled
+            # send(): write synchronously if the channel can (else we could overtake that one).
             out = protocol.sole_output()
             if isinstance(out, SendMessage) and self._channel.send_now(out.message, out.text):
                 protocol.next_output()
@@ -433,6 +434,7 @@ class Session:
                     raise
                 if (
                     not self._writing
+                    and self._inflight is None
                     and not self._transport_closed
                     and protocol.sole_output() is out
                     and self._channel.send_now(out.message, out.text)

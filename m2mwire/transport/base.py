@@ -85,7 +85,11 @@ class Channel(Protocol):
     def send_now(self, message: OutgoingMessage, text: bool = False) -> bool:
         """Write the whole message now and return True, or write nothing and return False
         (writing is paused by flow control, the channel is closing, ...): the caller then uses
-        :meth:`send`, which waits or raises. ``text``: the bytes are a text message's UTF-8."""
+        :meth:`send`, which waits or raises. ``text``: the bytes are a text message's UTF-8.
+
+        Order is the caller's to keep: a channel need not refuse while a :meth:`send` of an earlier
+        message still waits (the in-memory one does not), so the session calls this only when no
+        send of its is in flight."""
         ...
 
     async def send(self, message: OutgoingMessage, text: bool = False) -> None:
@@ -102,7 +106,8 @@ class Channel(Protocol):
         ...
 
     def abort(self) -> None:
-        """Drop the channel at once, without a closing handshake (idempotent)."""
+        """Drop the channel at once, without a closing handshake (idempotent). ``on_lost`` may
+        be called before this returns (NATS does) or on a later loop turn (QUIC, WebSocket)."""
         ...
 
 
