@@ -9,6 +9,7 @@ set small, so a few messages fill it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -207,6 +208,32 @@ async def test_a_send_after_a_cancelled_one_does_not_overtake_it(memory_scheme: 
                 break
             await asyncio.sleep(0.01)
     assert received == [*sent, "after"]
+
+
+async def test_a_connect_cancelled_after_its_handshake_ends_the_session(
+    memory_scheme: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """connect() preloads tokenizers after the handshake (~0.2 s in a thread). A timeout around
+    connect() that fired then left an established session nobody referred to: its writer task
+    and pings kept it open at both ends for as long as the process lived (stop 32's review)."""
+    ended = asyncio.Event()
+
+    async def handler(session: Session) -> None:
+        with contextlib.suppress(SessionClosed, TransportError):
+            async for _ in session:
+                pass
+        ended.set()
+
+    async def slow_warm_up(*_args: object) -> None:
+        await asyncio.sleep(5)
+
+    monkeypatch.setattr("m2mwire.shell.client.warm_tokenizers", slow_warm_up)
+    async with running(memory_scheme, handler) as server:
+        with pytest.raises(TimeoutError):
+            async with asyncio.timeout(0.3):
+                await connect(server.url)
+        await asyncio.wait_for(ended.wait(), 5)  # the old code: never
+        assert server.active_sessions == 0
 
 
 async def test_close_handshake_codes(memory_scheme: str) -> None:

@@ -97,7 +97,15 @@ class connect:
             session._reconnect = self._reconnect
             session._reopen = self._resume_channel
         await session._start()
-        await warm_tokenizers(session.info, self._config)
+        try:
+            await warm_tokenizers(session.info, self._config)
+        except BaseException:
+            # Nobody will get this session (e.g. a timeout around connect() cancelled it here):
+            # end it, or its writer task and pings would keep it open at both ends, unreferenced.
+            session._protocol.close(session._loop.time(), "connect() did not complete")
+            session._after_protocol_step()
+            await session._shutdown()
+            raise
         self._session = session
         return session
 

@@ -605,8 +605,8 @@ class Session:
         self._tasks = [asyncio.create_task(self._writer(), name="m2mwire-writer")]
         self._start_reading(self._channel)
         self._after_protocol_step()
-        await self._write_pending()
         try:
+            await self._write_pending()
             return await self._established
         except BaseException:
             await self._shutdown()
