@@ -360,6 +360,28 @@ async def test_the_connection_a_resume_came_on_is_not_kept_once_handed_over() ->
             assert len(handed_over) == 1
 
 
+async def test_a_server_closing_after_a_resume_counts_and_closes_the_session_once() -> None:
+    """The fresh connection's handle stayed among the server's sessions after handing its
+    connection over: active_sessions counted a resumed session twice, and aclose() closed that
+    handle too, whose close closed the connection the resumed session now used. When it went
+    first, the client never got the server's CLOSE, resumed, and ended with RESUME_UNKNOWN
+    instead of a NORMAL close (stop 32's review)."""
+    async with proxied(echo) as (server, proxy):
+        session = await m2mwire.connect(f"ws://127.0.0.1:{proxy.port}", reconnect=FAST)
+        await session.send("a")
+        assert (await asyncio.wait_for(session.recv(), 5)).text == "a"
+        proxy.cut()
+        await session.send("b")
+        assert (await asyncio.wait_for(session.recv(), 5)).text == "b"
+        assert session.stats.reconnects == 1
+        assert server.active_sessions == 1
+        await server.aclose()
+        with pytest.raises(SessionClosed) as caught:
+            await asyncio.wait_for(session.recv(), 5)
+        assert caught.value.code == "NORMAL", caught.value
+        await session.close()
+
+
 async def test_graceful_close_after_a_resume_loses_nothing() -> None:
     received: list[str] = []
     closed = asyncio.Event()

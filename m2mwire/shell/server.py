@@ -100,6 +100,9 @@ class Server(Listening):
             try:
                 info = await session.handshake()
             except HandedOver:
+                # The connection now carries the resumed session, which is counted and closed
+                # as itself: this handle only waits for the connection's end.
+                self._sessions.discard(session)
                 await session.wait_channel_released()
                 return
             except M2MError as exc:

@@ -562,6 +562,8 @@ class Session:
         await self._close(reason)
 
     async def _close(self, reason: str, code: str = SessionCode.NORMAL, *, wait_resume: bool = True) -> None:
+        if self._handed_over:  # the channel belongs to the resumed session: nothing of ours to close
+            return
         if wait_resume and self._protocol.resume is not None:
             await self._deliver_retained()
         timeout = self._protocol.config.timers.close_timeout
