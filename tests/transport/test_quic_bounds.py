@@ -181,6 +181,37 @@ async def test_a_channel_beyond_the_servers_stream_limit_waits_and_never_breaks_
                 assert await channel.recv() == "ok"
 
 
+async def test_channels_waiting_for_a_stream_each_get_one_and_leave_no_waiter_behind() -> None:
+    """Two opens wait for stream credit; one slot frees. The first open took it, but woke the
+    second before its channel existed: the second found no slot, queued a new turn and left its
+    woken one in the list. The list was then never empty, so every later open waited for the
+    next packet instead of taking a free slot at once, and stale entries could use up the wake-ups
+    meant for live waiters (stop 32's review)."""
+    async with quic_server(tuning=QuicTuning(max_channels_per_connection=4)) as server:
+        async with await connect_quic("127.0.0.1", server.port, fingerprint=server.fingerprint) as conn:
+            channels = [await conn.open_channel() for _ in range(4)]
+            for channel in channels:
+                await channel.send("x")
+                assert await channel.recv() == "x"
+            first = asyncio.create_task(conn.open_channel(timeout=10))
+            second = asyncio.create_task(conn.open_channel(timeout=10))
+            await asyncio.sleep(0.1)
+            await channels.pop().close()
+            a = await asyncio.wait_for(first, 5)
+            await a.send("a")  # takes its stream id
+            assert await a.recv() == "a"
+            assert not second.done()
+            await channels.pop().close()
+            b = await asyncio.wait_for(second, 5)
+            await b.send("b")
+            assert await b.recv() == "b"
+            assert conn._protocol._stream_waiters == []
+            await channels.pop().close()
+            # A free slot and nobody waiting: the open takes the slot at once.
+            assert (await asyncio.wait_for(conn.open_channel(timeout=10), 5)) is not None
+            assert conn._protocol._stream_waiters == []
+
+
 async def session_echo(session: Session) -> None:
     async for message in session:
         await session.send(message.text or "")

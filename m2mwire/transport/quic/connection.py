@@ -299,6 +299,7 @@ class Connection(compat.ProtocolBase):
             return
         waiter = self.loop.create_future()
         self._stream_waiters.append(waiter)
+        reserved = False
         try:
             async with asyncio.timeout(timeout):
                 while True:  # bounded by the timeout; each pass waits for credit or a closed channel
@@ -308,9 +309,13 @@ class Connection(compat.ProtocolBase):
                             self.failure or Failure(f"QUIC connection to {self.remote_address} is closed")
                         ).error()
                     if self._streams_available() > 0:
+                        reserved = True
                         return
+                    # Woken, but the slot went to another opener: wait again, first in line. The
+                    # woken future goes, or the list would never be empty again (no fast path).
+                    self._stream_waiters.remove(waiter)
                     waiter = self.loop.create_future()
-                    self._stream_waiters.insert(0, waiter)  # keep its turn
+                    self._stream_waiters.insert(0, waiter)
         except TimeoutError:
             quic = self.quic
             remaining = compat.bidi_streams_allowed(quic) - quic.get_next_available_stream_id() // 4
@@ -323,7 +328,10 @@ class Connection(compat.ProtocolBase):
         finally:
             if waiter in self._stream_waiters:
                 self._stream_waiters.remove(waiter)
-            self._wake_stream_waiters()
+            if not reserved:
+                # Our turn passes on. Not after a reservation: the caller's channel, which takes
+                # the slot, does not exist yet, so the next waiter would be offered the same slot.
+                self._wake_stream_waiters()
 
     def _wake_stream_waiters(self) -> None:
         # Wake as many waiters, in order, as there are free slots (all of them once terminated).
