@@ -509,8 +509,9 @@ def test_reconnect_option_is_checked() -> None:
         m2mwire.connect("ws://127.0.0.1:1", reconnect={"initial_delay": -1})
     with pytest.raises(ConfigError, match="unknown reconnect option"):
         m2mwire.connect("ws://127.0.0.1:1", reconnect={"retries": 3})
-    with pytest.raises(ConfigError, match="resume_window"):
-        m2mwire.serve(echo, "ws://127.0.0.1:0", resume_window=-1)
+    for window in (-1, float("nan"), float("inf")):  # NaN turned resume off unsaid (stop 32's review)
+        with pytest.raises(ConfigError, match="resume_window= takes a finite number of seconds"):
+            m2mwire.serve(echo, "ws://127.0.0.1:0", resume_window=window)
     delays = list(
         zip(range(6), Reconnect(initial_delay=0.1, max_delay=0.5).delays(random.Random(0)), strict=False)
     )

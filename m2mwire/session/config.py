@@ -213,8 +213,17 @@ def make_config(options: dict[str, Any]) -> SessionConfig:
             what = "a whole count above 0" if name == "max_missed_pongs" else "a number above 0 (seconds)"
             raise ConfigError(f"timer {name} takes {what}, not {value!r}")
     window = opts.get("resume_window", DEFAULT_RESUME_WINDOW)
-    if isinstance(window, bool) or not isinstance(window, int | float) or window < 0:
-        raise ConfigError(f"resume_window= takes seconds (0 turns resume off), not {window!r}")
+    if (
+        isinstance(window, bool)
+        or not isinstance(window, int | float)
+        or not math.isfinite(window)
+        or window < 0
+    ):
+        # NaN compared false with everything and turned resume off unsaid; inf kept a detached
+        # session, and what it retains, for good.
+        raise ConfigError(
+            f"resume_window= takes a finite number of seconds (0 turns resume off), not {window!r}"
+        )
     if not isinstance(opts.get("binary_text", True), bool):
         raise ConfigError(f"binary_text= takes True or False, not {opts['binary_text']!r}")
     buffer = opts.get("resume_buffer_bytes", DEFAULT_RESUME_BUFFER)
