@@ -403,6 +403,40 @@ async def test_graceful_close_after_a_resume_loses_nothing() -> None:
         assert session.close_event is not None and session.close_event.code == "NORMAL"
 
 
+async def test_a_client_closing_while_detached_closes_the_servers_session_too() -> None:
+    """A reconnect=True client with nothing unacknowledged that closed while its connection was
+    down closed locally only: the server's session waited out its resume_window and its handler
+    got RESUME_EXPIRED, for what the client meant as a normal end (stop 32's review). The
+    client now resumes to say CLOSE, as Session.close() promises."""
+    ended: asyncio.Queue[str] = asyncio.Queue()
+
+    async def handler(session: Session) -> None:
+        await session.send("hello")
+        try:
+            async for _ in session:
+                pass
+            ended.put_nowait(session.close_event.code if session.close_event else "?")
+        except SessionClosed as exc:
+            ended.put_nowait(exc.code)
+
+    async with proxied(handler, resume_window=30) as (_server, proxy):
+        session = await m2mwire.connect(f"ws://127.0.0.1:{proxy.port}", reconnect=FAST)
+        assert (await asyncio.wait_for(session.recv(), 5)).text == "hello"
+        proxy.refusing = True  # the server stays out of reach until the close has begun
+        proxy.cut()
+        for _ in range(500):  # bounded: until the client has seen the loss
+            if session._protocol.detached:
+                break
+            await asyncio.sleep(0.01)
+        assert session._protocol.detached
+        closing = asyncio.create_task(session.close("bye"))
+        await asyncio.sleep(0.2)
+        proxy.refusing = False
+        await asyncio.wait_for(closing, 10)
+        assert await asyncio.wait_for(ended.get(), 5) == "NORMAL"  # the old code: RESUME_EXPIRED after 30 s
+        assert session.stats.reconnects == 1
+
+
 async def test_wrong_token_is_refused() -> None:
     async with proxied(echo) as (_server, proxy):
         session = await m2mwire.connect(f"ws://127.0.0.1:{proxy.port}", reconnect=FAST)

@@ -466,12 +466,17 @@ class Session:
     async def _deliver_retained(self) -> None:
         """Before an orderly close on a resumable session: wait until the peer acknowledged every
         DATA message we sent, across resumes, so a connection lost during the close handshake
-        loses nothing. Bounded: a detached session ends after resume_window (server) or
-        max_elapsed (client); connected, each round trip gets close_timeout."""
+        loses nothing. A client waits for its connection to come back even with nothing to
+        deliver: the CLOSE must reach the server, whose session would otherwise wait out its
+        resume_window and end RESUME_EXPIRED. Bounded: a detached session ends after
+        resume_window (server) or max_elapsed (client); connected, each round trip gets
+        close_timeout."""
         protocol = self._protocol
         resume = protocol.resume
         timeout = protocol.config.timers.close_timeout
-        while resume is not None and resume.acked < resume.sent and not self._closed.is_set():
+        while resume is not None and not self._closed.is_set():
+            if resume.acked >= resume.sent and not (protocol.detached and self._reconnect is not None):
+                return
             if protocol.detached:
                 closed = asyncio.ensure_future(self._closed.wait())
                 attached = asyncio.ensure_future(self._attached.wait())
