@@ -18,6 +18,10 @@ import pytest
 
 from m2mwire.api import Server, Session, connect, serve
 from m2mwire.errors import SessionClosed, SessionTimeout, TransportError
+from m2mwire.reconnect import Reconnect
+from m2mwire.session.core import SessionProtocol
+from m2mwire.session.payload import Message
+from m2mwire.session.states import Role
 from m2mwire.transport.memory import MemoryChannel, MemoryListener
 
 pytestmark = pytest.mark.timeout(20)  # a broken shell shows as a wait that never ends
@@ -234,6 +238,38 @@ async def test_a_connect_cancelled_after_its_handshake_ends_the_session(
                 await connect(server.url)
         await asyncio.wait_for(ended.wait(), 5)  # the old code: never
         assert server.active_sessions == 0
+
+
+async def test_a_message_the_session_fails_to_process_ends_it_with_internal_error(
+    memory_scheme: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug while processing a message ended the session with a TransportError that named no
+    cause, and with resume it only detached: the peer sent the same message again after each
+    resume, and it failed again until max_elapsed (stop 32's review). It now ends the session
+    for good, INTERNAL_ERROR, with the exception as the cause."""
+
+    async def echo(session: Session) -> None:
+        async for message in session:
+            await session.send(message.text or "")
+
+    original = SessionProtocol.receive_text
+
+    def failing(self: SessionProtocol, data: bytes | str, now: float) -> Message | None:
+        if self.role is Role.CLIENT and "boom" in (data if isinstance(data, str) else data.decode()):
+            raise RuntimeError("boom")
+        return original(self, data, now)
+
+    async with running(memory_scheme, echo, resume_window=30) as server:
+        session = await connect(server.url, reconnect=Reconnect(initial_delay=0.01, max_elapsed=10))
+        await session.send("fine")
+        assert (await asyncio.wait_for(session.recv(), 5)).text == "fine"
+        monkeypatch.setattr(SessionProtocol, "receive_text", failing)
+        await session.send("boom")  # its echo is what fails, at the client
+        with pytest.raises(SessionClosed) as caught:
+            await asyncio.wait_for(session.recv(), 5)
+        assert caught.value.code == "INTERNAL_ERROR"
+        assert isinstance(caught.value.__cause__, RuntimeError) and "RuntimeError: boom" in str(caught.value)
+        assert session.stats.reconnects == 0
 
 
 async def test_close_handshake_codes(memory_scheme: str) -> None:

@@ -617,6 +617,22 @@ class SessionProtocol:
         log.info("session %s: %s", self._session_id or "-", err)
         self._finish(Closed(SessionCode.WRITE_TIMEOUT, str(err), by_peer=False, error=err), None)
 
+    def internal_error(self, cause: Exception) -> None:
+        """The shell failed to process a message (a bug of ours, logged there): end the session
+        for good. Not detached, even with resume: the peer would send the same message again
+        after the resume, and it would fail again, round after round until max_elapsed."""
+        if self.state is State.CLOSED:
+            return
+        err = SessionClosed(
+            f"m2mwire failed to process a message ({type(cause).__name__}: {cause}); the session "
+            "ended. This is a bug: the traceback is in the m2mwire.session log",
+            code=SessionCode.INTERNAL_ERROR,
+        )
+        # Without its traceback, whose frames would keep the session alive (see closed_error);
+        # the shell logged it whole.
+        err.__cause__ = cause.with_traceback(None)
+        self._finish(Closed(SessionCode.INTERNAL_ERROR, str(err), by_peer=False, error=err), None)
+
     def transport_closed(self, error: M2MError | None = None, now: float | None = None) -> None:
         """The channel underneath is gone (peer vanished, connection lost, orderly transport close).
 

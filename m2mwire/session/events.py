@@ -145,8 +145,11 @@ def closed_error(event: Closed, *, handshake: bool = False) -> M2MError:
         fresh.__dict__.update(error.__dict__)
         fresh.__cause__ = error.__cause__
         return fresh
-    return SessionClosed(
+    closed = SessionClosed(
         f"session closed ({event.code}{': ' + event.reason if event.reason else ''})",
         code=event.code,
         reason=event.reason,
     )
+    if error is not None:
+        closed.__cause__ = error.__cause__
+    return closed

@@ -1073,10 +1073,14 @@ class Session:
                 or backlog > _MAX_OUTPUT_BACKLOG
             ):
                 self._update_reading()  # only then can it change anything
-        except Exception:  # a bug must not leave the application waiting forever
+        except Exception as exc:  # a bug must not leave the application waiting forever
             log.exception("session failed to process a message")
+            # The session ends first, so the channel's loss (reported during abort() by some
+            # transports, later by others) finds it ended: the same error on every transport.
+            self._protocol.internal_error(exc)
+            self._after_protocol_step()
             self._abort_channel()
-            self._on_transport_closed(TransportError("internal error while processing a message"))
+            self._on_transport_closed(TransportError("the session ended: internal error"))
 
     def _inbox_full(self) -> bool:
         """The inbox and the replies waiting for their requests are at their bound (max_queue
