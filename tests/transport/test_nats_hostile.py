@@ -252,6 +252,45 @@ async def test_a_flood_of_opens_keeps_at_most_max_half_open_channels(
             await attacker.close()
 
 
+async def test_a_burst_of_opens_does_not_stall_the_workers_sessions(nats_server: LocalNatsServer) -> None:
+    """Stop 32's attack run: OPENs cost the attacker one 65-byte publish each and the worker
+    ~0.3 ms of CPU. They queued without bound, and nats-py served them one after another
+    without giving the event loop back: 50,000 OPENs sent in 0.2 s stalled every session of the
+    worker for 17 s (one round trip took 16.6 s), and 400,000 ended its sessions on missed
+    PONGs. Now at most 4 x nats_max_half_open OPENs wait (nats-py drops the rest unread) and
+    each is served in a loop turn of its own."""
+    flood, cap = 20_000, 16
+    async with m2mwire.serve(echo, service(nats_server), nats_max_half_open=cap) as server:
+        async with m2mwire.connect(server.url) as victim:
+            assert await round_trip(victim, "before") == "before"
+            attacker = await nats.connect(nats_server.url)
+            worst = 0.0
+            try:
+                subject = server.url.rsplit("/", 1)[1]
+                request = open_request("atk.nobody")
+                for i in range(flood):
+                    await attacker.publish(subject, request, reply=f"atk.reply.{i}")
+                await attacker.flush()
+                loop = asyncio.get_running_loop()
+                end = loop.time() + 2.0
+                for i in range(1000):  # bounded: 2 s of round trips while the worker serves the burst
+                    if loop.time() >= end:
+                        break
+                    start = loop.time()
+                    assert await round_trip(victim, f"during {i}") == f"during {i}"
+                    worst = max(worst, loop.time() - start)
+            finally:
+                await attacker.close()
+            listener = server._impl
+            assert isinstance(listener, nats_service.NatsListener)
+            assert worst < 1.0, f"a round trip took {worst:.2f} s during the burst (the old code: ~6 s)"
+            # Served: about what the backlog held (~75 here), not the whole burst (the old code
+            # served all 20,000); the margin is for OPENs read while others were being served.
+            assert listener.shed <= flood // 10, listener.shed
+            async with m2mwire.connect(server.url, open_timeout=5) as newcomer:
+                assert await round_trip(newcomer, "new") == "new"
+
+
 async def test_a_closed_worker_takes_no_new_session_on_its_own_subject(
     nats_server: LocalNatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:

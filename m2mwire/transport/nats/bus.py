@@ -140,10 +140,14 @@ class Bus:
             target.on_nats(msg.data)
 
     async def subscribe_service(
-        self, subject: str, queue: str, cb: Callable[[Msg], Awaitable[None]]
+        self, subject: str, queue: str, cb: Callable[[Msg], Awaitable[None]], *, backlog: int, max_size: int
     ) -> Subscription:
+        """Subscribe ``cb`` to OPEN requests; at most ``backlog`` of them (``max_size`` bytes
+        each) wait for it, and nats-py drops what arrives beyond (its requester times out and may
+        retry). Unbounded, a burst of OPENs waited whole, in memory, and was served long after
+        its requesters had given up."""
         return await self.nc.subscribe(
-            subject, queue=queue, cb=cb, pending_msgs_limit=0, pending_bytes_limit=0
+            subject, queue=queue, cb=cb, pending_msgs_limit=backlog, pending_bytes_limit=backlog * max_size
         )
 
     def publish_soon(self, subject: str, payload: bytes) -> None:

@@ -49,6 +49,12 @@ DEFAULT_QUEUE = "m2mwire"
 # channels older than max_half_open / (OPENs per second): 25 ms at 10,000 OPENs/s.
 DEFAULT_MAX_HALF_OPEN = 256
 _SHED_LOG_EVERY = 60.0  # seconds between two warnings about half-open channels dropped
+# OPENs waiting to be served, per subscription, in multiples of nats_max_half_open: beyond it
+# nats-py drops them unread (their requesters time out). Serving one costs ~0.2-0.35 ms of CPU
+# (a channel, a session, a task), so the default 1,024 is at most ~0.4 s of work queued: a
+# burst of OPENs (stop 32's attack: 50,000 in 0.2 s) no longer queues minutes of work, served
+# long after every requester gave up, nor memory (~300 MiB).
+_BACKLOG_PER_HALF_OPEN = 4
 _MAX_OPEN = 4096  # an OPEN request is a few hundred bytes; anything larger is refused unread
 # A resuming OPEN answered "no responders" this many times in a row, this many seconds apart,
 # means the worker is gone. Not the first answer: a worker whose NATS node died is unsubscribed
@@ -240,9 +246,14 @@ class NatsListener:
             # where clients resuming one of its sessions send their OPEN.
             self._prefix = f"_M2M.{self._target.subject}.{secrets.token_hex(8)}"
             await bus.subscribe_prefix(self._prefix)
-            self._own_sub = await bus.subscribe_service(self._prefix, "", self._on_resume_open)
+            backlog = _BACKLOG_PER_HALF_OPEN * self._max_half_open
+            self._own_sub = await bus.subscribe_service(
+                self._prefix, "", self._on_resume_open, backlog=backlog, max_size=_MAX_OPEN
+            )
             queue = str(self._options.get("queue", DEFAULT_QUEUE))
-            self._sub = await bus.subscribe_service(self._target.subject, queue, self._on_open)
+            self._sub = await bus.subscribe_service(
+                self._target.subject, queue, self._on_open, backlog=backlog, max_size=_MAX_OPEN
+            )
             await bus.nc.flush(timeout=5)  # the subscriptions are in place when start() returns
         except BaseException:
             await release_bus(bus)
@@ -253,6 +264,11 @@ class NatsListener:
         """An OPEN from the queue group: a new session, taken until close()."""
         if not self._closed.is_set():
             await self._accept(msg)
+        # nats-py calls us for each waiting OPEN in turn without giving the event loop back (its
+        # queue has them; our answer only fills a buffer): a backlog of OPENs held the loop, and
+        # every session of this worker, until it was served (stop 32's attack: a round trip of
+        # 16.6 s). One OPEN per loop turn lets them run in between.
+        await asyncio.sleep(0)
 
     async def _on_resume_open(self, msg: Msg) -> None:
         """An OPEN on this worker's own subject: taken until wait_closed(), so the sessions of a
@@ -260,6 +276,7 @@ class NatsListener:
         be resumed while they run (the session layer checks the resume token). Only this worker's
         own clients learn the subject, from OPEN_OK."""
         await self._accept(msg)
+        await asyncio.sleep(0)  # see _on_open
 
     async def _accept(self, msg: Msg) -> None:
         bus = self._bus
