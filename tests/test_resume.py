@@ -281,6 +281,23 @@ async def test_resumes_that_carry_nothing_do_not_restart_max_elapsed() -> None:
             assert (await asyncio.wait_for(session.recv(), 5)).text == "after"
 
 
+async def test_resumes_cut_near_max_elapsed_still_wait_their_backoff() -> None:
+    """When the next backoff step would end past max_elapsed, the client attempted at once
+    instead of waiting: in the last max_delay seconds a server that cut every resume got one per
+    cut, as fast as it cut (stop 32's attack run: 175 resumes in ~5 s, each replaying up to the
+    whole retention buffer). It now gives up there."""
+    policy = Reconnect(initial_delay=0.02, max_delay=1.0, max_elapsed=1.5)
+    async with proxied(echo) as (_server, proxy):
+        async with m2mwire.connect(f"ws://127.0.0.1:{proxy.port}", reconnect=policy) as session:
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            cuts = await cut_each_resume(session, proxy, 500, exchange=False)
+            assert session.close_event is not None and session.close_event.code == "RECONNECT_GAVE_UP"
+            # Steps drawn from [d/2, d], d = 0.02, 0.04, ... 0.64, 1.0: at most ~8 fit in 1.5 s.
+            assert cuts <= 12, f"{cuts} resumes in {loop.time() - started:.1f} s"
+            assert loop.time() - started < 2.5
+
+
 async def test_a_one_way_stream_over_short_connections_is_not_given_up() -> None:
     """What a connection carries one way is often acknowledged only in the next resume's ACCEPT
     (ACKs come per 1,024 messages or an eighth of the buffer), so judged at its own loss every

@@ -684,6 +684,7 @@ class Session:
         loop = self._loop
         give_up_at = loop.time() + policy.max_elapsed
         wait = 0.0
+        stalled = False  # lost again right after resuming, and nothing got through since
         last = self._last_resume
         if last is not None and loop.time() - last.resumed_at < policy.max_delay:
             # Lost again right after resuming (a server that accepts resumes and then fails
@@ -705,6 +706,7 @@ class Session:
                 # connection is judged then, see below, so a session that moves data between
                 # losses, however frequent, starts afresh each time.)
                 give_up_at = last.give_up_at
+                stalled = True
         else:
             delays = policy.delays()
         attempts = 0
@@ -712,8 +714,19 @@ class Session:
         # server: see RoutedChannel); every channel since the first reached that same server.
         old = self._channel
         route = old.resume_route if isinstance(old, RoutedChannel) else None
-        if wait and loop.time() + wait < give_up_at:
-            await asyncio.sleep(wait)
+        if wait:
+            if stalled and loop.time() + wait >= give_up_at:
+                # The step would end past max_elapsed: give up now. Attempting at once instead
+                # let a server that cut every resume have one per cut, as fast as it cut, in the
+                # last max_delay seconds (stop 32's attack: 175 resumes in ~5 s).
+                protocol.give_up(
+                    f"could not resume within {policy.max_elapsed:g} s: each resume was lost again "
+                    "right after it (reconnect max_elapsed=)"
+                )
+                self._after_protocol_step()
+                return
+            if loop.time() + wait < give_up_at:  # else (max_delay > max_elapsed) one attempt now
+                await asyncio.sleep(wait)
         while protocol.detached:
             attempts += 1
             try:
