@@ -244,3 +244,38 @@ async def test_unread_stream_parts_count_toward_max_queue_bytes(scheme: str) -> 
             assert held <= 3 * 1024 * 1024, held  # 1 MiB bound + what the transport had read
             rest = [p.text async for p in parts]
     assert len(rest) == 40 and rest[-1] == "end"
+
+
+async def test_stream_parts_and_plain_messages_share_one_bound(scheme: str) -> None:
+    """Replies waiting for their requester and the inbox share max_queue / max_queue_bytes
+    (PROTOCOL.md "Resource bounds"), but reading paused when either alone reached it: a peer
+    interleaving stream parts and plain messages got about twice the bound decoded and held
+    (stop 32's review)."""
+    part = "x" * (256 * 1024)
+
+    async def interleaving(session: Session) -> None:
+        async for message in session:
+            if message.request_id is None:
+                continue
+            for _ in range(12):
+                await session.reply(message, part, more=True, algorithm="none")
+                await session.send(part, algorithm="none")
+            await session.reply(message, "end")
+
+    async with running(interleaving, scheme) as server:
+        async with connect(server.url, max_queue_bytes=1024 * 1024, **client_opts(server)) as session:
+            parts = session.stream("go", timeout=10)
+            assert (await anext(parts)).text == part
+            await asyncio.sleep(0.5)  # the application reads nothing meanwhile
+            held = session._inbox_bytes + session._correlator.buffered_bytes
+            assert held <= 1536 * 1024, held  # the bound and one message; the old code ~2 MiB
+
+            async def the_rest() -> list[str | None]:
+                return [p.text async for p in parts]
+
+            async def plain() -> list[str | None]:
+                return [(await session.recv()).text for _ in range(12)]
+
+            # Both at once: one channel carries both, in order, so either can wait for the other.
+            rest, messages = await asyncio.gather(the_rest(), plain())
+    assert len(rest) == 12 and rest[-1] == "end" and messages == [part] * 12

@@ -1054,13 +1054,10 @@ class Session:
                 if proto.ack_queued:  # an ACK (resume) is the one output DATA may cause
                     proto.ack_queued = False
                     self._writer_wakeup.set()
+                correlator = self._correlator
                 if message.reply_to is not None:  # an answer to one of our requests
-                    self._correlator.route(message)
-                    correlator = self._correlator
-                    if (
-                        correlator.buffered >= self._max_queue
-                        or correlator.buffered_bytes >= self._max_queue_bytes
-                    ):
+                    correlator.route(message)
+                    if self._inbox_full():
                         self._full()
                     return
                 inbox = self._inbox
@@ -1068,10 +1065,11 @@ class Session:
                 self._inbox_bytes += message.decoded_bytes or queued_cost(message)
                 if self._receivers:
                     self._wake_receivers()
+                # _inbox_full() inline: replies waiting for their requests share the bound.
                 if (
                     self._paused
-                    or len(inbox) >= self._max_queue
-                    or self._inbox_bytes >= self._max_queue_bytes
+                    or len(inbox) + correlator.buffered >= self._max_queue
+                    or self._inbox_bytes + correlator.buffered_bytes >= self._max_queue_bytes
                 ):
                     self._full()
                 return
@@ -1079,12 +1077,7 @@ class Session:
             backlog = proto.output_backlog
             if backlog:
                 self._writer_wakeup.set()  # PONG, CLOSE acknowledgement, REJECT, ...
-            if (
-                self._paused
-                or len(self._inbox) >= self._max_queue
-                or self._inbox_bytes >= self._max_queue_bytes
-                or backlog > _MAX_OUTPUT_BACKLOG
-            ):
+            if self._paused or backlog > _MAX_OUTPUT_BACKLOG or self._inbox_full():
                 self._update_reading()  # only then can it change anything
         except Exception as exc:  # a bug must not leave the application waiting forever
             log.exception("session failed to process a message")
