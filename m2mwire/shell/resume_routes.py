@@ -1,6 +1,6 @@
 """Which NATS worker holds each session a gateway relays, so that a client resuming a session
 through the gateway reaches that worker (docs/PROTOCOL.md §5a "Gateway"). Kept apart from
-:mod:`m2mwire.gateway`, whose name is also the ``m2mwire.gateway()`` function's."""
+:mod:`m2mwire.shell.gateway`, which relays the messages."""
 
 from __future__ import annotations
 
