@@ -200,3 +200,17 @@ def test_bad_tls_and_gateway_values_are_config_errors() -> None:
         m2mwire.gateway("ws://127.0.0.1:0", "nats://127.0.0.1:4222/x", resume_window="x")
     with pytest.raises(ConfigError, match="gateway hello_timeout= takes a number > 0, not nan"):
         m2mwire.gateway("ws://127.0.0.1:0", "nats://127.0.0.1:4222/x", hello_timeout=float("nan"))
+
+
+async def test_open_quic_connection_options_are_checked_as_connect_checks_them() -> None:
+    """A ws:// URL raised ValueError, an unknown option TypeError without naming the options
+    there are, open_timeout= (which connect() takes) was refused, and connect(connection=5)
+    raised TypeError (stop 32's review). All ConfigError now; open_timeout= bounds the handshake."""
+    with pytest.raises(ConfigError, match="needs a quic:// URL"):
+        await m2mwire.open_quic_connection("ws://127.0.0.1:9")
+    with pytest.raises(ConfigError, match=r"bogus; it takes cafile, .*max_payload, open_timeout"):
+        await m2mwire.open_quic_connection("quic://127.0.0.1:9", bogus=1)
+    with pytest.raises(ConfigError, match=r"connection= takes a connection from m2mwire\.open_quic"):
+        await m2mwire.connect("quic://127.0.0.1:9", connection=5)
+    with pytest.raises(TransportError, match=r"timed out after 0\.2 s"):  # nothing listens there
+        await m2mwire.open_quic_connection("quic://127.0.0.1:9", open_timeout=0.2)

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from m2mwire.errors import EncodeError, TransportError
+from m2mwire.errors import ConfigError, EncodeError, TransportError
 from m2mwire.transport.base import Channel
 from m2mwire.transport.framing import ErrorCode, encode_header
 from m2mwire.transport.quic import (
@@ -627,7 +627,7 @@ def test_tuning_defaults_and_validation() -> None:
     assert tuning.datagram_size_for(loopback=False) == 1200
     assert QuicTuning(max_datagram_size=1452).datagram_size_for(loopback=True) == 1452
     assert ALPN == "m2mwire/1"
-    with pytest.raises(ValueError):
+    with pytest.raises(ConfigError, match=r"QuicTuning \(tuning=\): need 0 < stream_send_low"):
         QuicTuning(stream_send_low=2, stream_send_high=1)
     with pytest.raises(ValueError):
         QuicTuning(max_datagram_size=1000)

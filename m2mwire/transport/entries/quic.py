@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from m2mwire.errors import ConfigError
 from m2mwire.session.config import DEFAULT_MAX_PAYLOAD
 from m2mwire.transport import certstore
 from m2mwire.transport.base import Channel, ChannelHandler, TransportConfig
@@ -29,7 +30,10 @@ async def open(endpoint: Endpoint, config: TransportConfig) -> Channel:
     shared = options.get("connection")
     if shared is not None:
         if not isinstance(shared, QuicClientConnection):
-            raise TypeError("connection= takes a connection from m2mwire.open_quic_connection()")
+            raise ConfigError(
+                "connection= takes a connection from m2mwire.open_quic_connection(), "
+                f"not {type(shared).__name__}"
+            )
         # open_timeout also bounds the wait for a free stream when the connection has none left.
         return await shared.open_channel(
             max_message_size=config.max_message_size, timeout=options.get("open_timeout")
@@ -69,14 +73,21 @@ class QuicListener(SocketListener[QuicServer]):
 async def open_quic_connection(url: str, **options: Any) -> QuicClientConnection:
     """Open one QUIC connection to share between sessions: ``connect(url, connection=conn)``.
 
-    Options: cafile, cadata, fingerprint, insecure, server_name, idle_timeout, max_payload (the
-    default incoming message limit of its channels). Close it with ``await conn.close()``.
+    Options: cafile, cadata, fingerprint, insecure, server_name, idle_timeout, open_timeout (the
+    handshake, as connect()'s), max_payload (the default incoming message limit of its channels).
+    Close it with ``await conn.close()``. ConfigError for a URL or option it cannot take.
     """
     endpoint = parse_url(url)
     if endpoint.scheme != "quic":
-        raise ValueError(f"open_quic_connection() needs a quic:// URL, not {url!r}")
-    unknown = set(options) - {*_CLIENT_OPTIONS, "max_payload"}
+        raise ConfigError(f"open_quic_connection() needs a quic:// URL, not {url!r}")
+    known = (*_CLIENT_OPTIONS, "max_payload", "open_timeout")
+    unknown = set(options) - set(known)
     if unknown:
-        raise TypeError(f"unknown option(s) for open_quic_connection(): {', '.join(sorted(unknown))}")
+        raise ConfigError(
+            f"unknown option(s) for open_quic_connection(): {', '.join(sorted(unknown))}; "
+            f"it takes {', '.join(known)}"
+        )
     max_size = options.pop("max_payload", DEFAULT_MAX_PAYLOAD)
+    if "open_timeout" in options:  # as connect() calls it
+        options["connect_timeout"] = options.pop("open_timeout")
     return await connect_quic(endpoint.host, endpoint.port, max_message_size=max_size, **options)

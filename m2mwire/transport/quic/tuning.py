@@ -7,6 +7,8 @@ from typing import Final
 
 from aioquic.quic.configuration import SMALLEST_MAX_DATAGRAM_SIZE
 
+from m2mwire.errors import ConfigError
+
 __all__ = ["ALPN", "DEFAULT_MAX_MESSAGE_SIZE", "MAX_DATAGRAM", "QuicTuning"]
 
 ALPN: Final = "m2mwire/1"
@@ -55,20 +57,26 @@ class QuicTuning:
 
     def __post_init__(self) -> None:
         if not 0 < self.stream_send_low <= self.stream_send_high:
-            raise ValueError("need 0 < stream_send_low <= stream_send_high")
+            raise ConfigError("QuicTuning (tuning=): need 0 < stream_send_low <= stream_send_high")
         if not 0 < self.connection_send_low <= self.connection_send_high:
-            raise ValueError("need 0 < connection_send_low <= connection_send_high")
+            raise ConfigError("QuicTuning (tuning=): need 0 < connection_send_low <= connection_send_high")
         if self.stream_window < 4096 or self.connection_window < self.stream_window:
-            raise ValueError("need stream_window >= 4096 and connection_window >= stream_window")
+            raise ConfigError(
+                "QuicTuning (tuning=): need stream_window >= 4096 and connection_window >= stream_window"
+            )
         if self.max_half_open < 1 or self.handshake_timeout <= 0:
-            raise ValueError("need max_half_open >= 1 and handshake_timeout > 0")
+            raise ConfigError("QuicTuning (tuning=): need max_half_open >= 1 and handshake_timeout > 0")
         if not 0 < self.ack_delay < 0.025:
-            raise ValueError("ack_delay must be above 0 and below the advertised max_ack_delay of 25 ms")
+            raise ConfigError(
+                "QuicTuning (tuning=): ack_delay must be above 0 and below the advertised "
+                "max_ack_delay of 25 ms"
+            )
         for name in ("max_datagram_size", "loopback_datagram_size"):
             size = getattr(self, name)
             if size is not None and not SMALLEST_MAX_DATAGRAM_SIZE <= size <= MAX_DATAGRAM:
-                raise ValueError(
-                    f"{name} must be between {SMALLEST_MAX_DATAGRAM_SIZE} and {MAX_DATAGRAM} bytes"
+                raise ConfigError(
+                    f"QuicTuning (tuning=): {name} must be between {SMALLEST_MAX_DATAGRAM_SIZE} and "
+                    f"{MAX_DATAGRAM} bytes"
                 )
 
     def datagram_size_for(self, loopback: bool) -> int:
