@@ -482,9 +482,12 @@ BOMB_SIZE, BOMBS, INBOX_BOUND = 1 << 20, 40, 1 << 20  # 40 MiB of text in a writ
 
 
 @asynccontextmanager
-async def zstd_client(port: int) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]]:
+async def zstd_client(
+    port: int, size: int = BOMB_SIZE, count: int = BOMBS
+) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]]:
     """A raw WebSocket connection with an established zstd session (a sans-I/O client), and
-    BOMBS zstd DATA messages of BOMB_SIZE bytes of one letter as WebSocket frames, to write at once."""
+    ``count`` zstd DATA messages of ``size`` bytes of one letter as WebSocket frames, to write at
+    once."""
     from m2mwire.codecs import Algorithm
     from m2mwire.session.config import SessionConfig
     from m2mwire.session.core import SessionProtocol
@@ -504,14 +507,14 @@ async def zstd_client(port: int) -> AsyncIterator[tuple[asyncio.StreamReader, as
         client.receive_text(accept, 0.0)
         assert client.state is State.ESTABLISHED
         frames = []
-        for _ in range(BOMBS):
-            client.send("a" * BOMB_SIZE, 0.0, algorithm=Algorithm.ZSTD)
+        for _ in range(count):
+            client.send("a" * size, 0.0, algorithm=Algorithm.ZSTD)
             for out in client.data_to_send():
                 assert isinstance(out, SendMessage)
                 message = out.message if isinstance(out.message, bytes) else b"".join(out.message)
                 frames.append(frame(OP_BINARY if out.binary else OP_TEXT, message))
         blob = b"".join(frames)
-        assert len(blob) < 20_000
+        assert len(blob) < 2_000 * count
         yield reader, writer, blob
     finally:
         writer.transport.abort()
@@ -580,3 +583,36 @@ async def test_a_closing_session_drops_data_past_its_inbox_unread(when: str) -> 
             await asyncio.wait_for(closed.wait(), 10)
             left = sessions[0]._inbox_bytes
             assert left <= INBOX_BOUND + BOMB_SIZE, f"{left / 2**20:.0f} MiB decoded while closing"
+
+
+async def test_messages_that_decode_to_far_more_than_they_cost_are_paced() -> None:
+    """Each message's output is bounded (max_payload), but not its output per byte received: a
+    peer sending 199-byte messages that decode to 16 MiB each, as fast as the socket took them,
+    kept a server's core busy for minutes after it left (stop 32's attack run). Past FREE_RATIO
+    x what each message cost on the wire, a session decodes BURST at once, then REFILL per
+    second: reading waits meanwhile, and every message still arrives."""
+    from m2mwire.session.budget import BURST, FREE_RATIO, REFILL
+
+    size, count = 8 << 20, 14
+    arrived: list[float] = []
+    loop = asyncio.get_running_loop()
+
+    async def sink(session: Session) -> None:
+        async for message in session:
+            arrived.append(loop.time())
+            assert len(message.text or "") == size
+
+    async with serve(sink, "ws://127.0.0.1:0") as server:
+        async with zstd_client(server.port, size, count) as (_reader, writer, blob):
+            wire = len(blob) // count
+            start = loop.time()
+            writer.write(blob)
+            await writer.drain()
+            async with asyncio.timeout(30):
+                while len(arrived) < count:
+                    await asyncio.sleep(0.02)
+    owed = count * (size - FREE_RATIO * wire) - BURST  # what the bucket had to refill
+    assert owed > REFILL  # the test means something: more than a second of refill
+    took = arrived[-1] - start
+    # The old code: all 14 decoded in 0.07 s.
+    assert took >= 0.8 * owed / REFILL, f"{count} x {size >> 20} MiB decoded in {took:.2f} s"

@@ -372,6 +372,35 @@ async def test_a_sending_loop_gives_the_event_loop_a_turn(memory_scheme: str) ->
     assert 7 <= ticked <= 9  # one turn per 1,024 messages sent, not one per message
 
 
+async def test_a_reading_loop_gives_the_event_loop_a_turn_per_few_mib_decoded(memory_scheme: str) -> None:
+    """recv() returns at once while the inbox has messages (and decodes held ones on the way):
+    an application reading in a loop kept the event loop, and every other session, until the
+    inbox was empty. 199-byte messages decoding to 16 MiB each made that seconds at a time
+    (stop 32's attack run). recv() now gives the loop a turn once it took 4 MiB without
+    waiting."""
+    ready = asyncio.Event()
+    ticked: list[int] = []
+
+    async def reader(session: Session) -> None:
+        await ready.wait()
+        async with loop_turns() as turns:
+            for _ in range(32):  # the inbox holds them all: recv() need not wait
+                await session.recv()
+            ticked.append(turns[0])
+
+    async with running(memory_scheme, reader, max_queue=64, max_queue_bytes=64 << 20) as server:
+        server._impl.buffer_bytes = 64 << 20
+        async with connect(server.url, algorithms=["none"]) as client:
+            for _ in range(32):
+                await client.send("x" * (1 << 20))
+            await settle()
+            ready.set()
+            async with asyncio.timeout(10):
+                while not ticked:
+                    await asyncio.sleep(0.01)
+    assert 6 <= ticked[0] <= 10, ticked  # one per 4 MiB taken (the old code: 0)
+
+
 async def test_a_send_refused_until_the_next_loop_turn_needs_no_write_task(memory_scheme: str) -> None:
     """A channel refuses send_now() when its buffer is full, and often only until the event loop's
     next turn (the reader drains it; QUIC refuses once a turn's writes reach its flush threshold).

@@ -33,6 +33,7 @@ from m2mwire.errors import (
 )
 from m2mwire.reconnect import Reconnect
 from m2mwire.schemas.codes import CloseCode, SessionCode
+from m2mwire.session.budget import FREE_RATIO, DecodeBudget
 from m2mwire.session.core import SessionProtocol
 from m2mwire.session.events import (
     Closed,
@@ -72,6 +73,8 @@ _MAX_OUTPUT_BACKLOG = 64  # queued control messages (PONGs, ...) before we stop 
 # per 1,024 messages costs under 0.5 % of the cheapest send, and the peer's ACKs then arrive within
 # about ACK_EVERY messages of their due time.
 _YIELD_EVERY = 1024
+# recv() gives the event loop a turn once it took this much (inbox cost) without waiting (see recv).
+_TAKEN_PER_TURN = 4 * 1024 * 1024
 
 
 class HandedOver(M2MError):
@@ -141,6 +144,13 @@ class Session:
         # each held ~3 GB of a server (stop 31's attack run). Held, they cost their wire bytes:
         # at most one transport read. A loss of the channel drops them (see _on_transport_closed).
         self._held: deque[tuple[bytes, bool]] = deque()
+        # What the peer makes us decode beyond FREE_RATIO x its bytes (session/budget.py): reading
+        # stops while _throttle waits for the bucket to refill.
+        self._budget = DecodeBudget(self._loop.time())
+        self._throttle: asyncio.TimerHandle | None = None
+        # What recv() took (inbox cost) since it last waited: it gives the loop a turn past
+        # _TAKEN_PER_TURN.
+        self._taken_run = 0
         self._unyielded = 0  # send()s written at once since send() last gave the loop a turn
         self._closing = False
         self._correlator = Correlator()  # our requests waiting for answers
@@ -508,10 +518,21 @@ class Session:
     async def recv(self) -> Message:
         """The next message, in order. Raises SessionClosed once the session is over and drained."""
         inbox = self._inbox
+        if self._taken_run >= _TAKEN_PER_TURN:
+            # Messages taken from the inbox, and those decoded from _held on the way (see
+            # _update_reading), come without a wait: an application reading in a loop kept the
+            # event loop, and every other session, for as long as there were any (a peer's
+            # 199-byte messages that decode to 16 MiB each: seconds; stop 32's attack run).
+            # Before taking one, so that a cancel here loses nothing.
+            self._taken_run = 0
+            await asyncio.sleep(0)
         while not inbox:
+            self._taken_run = 0
             await self._inbox_waiter()
         message = inbox.popleft()
-        self._inbox_bytes -= message.decoded_bytes or queued_cost(message)  # the call only when 0
+        cost = message.decoded_bytes or queued_cost(message)  # the call only when 0
+        self._inbox_bytes -= cost
+        self._taken_run += cost
         if self._paused and len(inbox) <= self._max_queue // 2:
             # Above half max_queue the inbox alone keeps reading paused (see _update_reading).
             self._update_reading()
@@ -1054,6 +1075,9 @@ class Session:
                 if proto.ack_queued:  # an ACK (resume) is the one output DATA may cause
                     proto.ack_queued = False
                     self._writer_wakeup.set()
+                cost = message.decoded_bytes or queued_cost(message)
+                if cost > FREE_RATIO * len(data):  # DecodeBudget.charge's test, inline: most never
+                    self._charge(len(data), cost)
                 correlator = self._correlator
                 if message.reply_to is not None:  # an answer to one of our requests
                     correlator.route(message)
@@ -1062,7 +1086,7 @@ class Session:
                     return
                 inbox = self._inbox
                 inbox.append(message)
-                self._inbox_bytes += message.decoded_bytes or queued_cost(message)
+                self._inbox_bytes += cost
                 if self._receivers:
                     self._wake_receivers()
                 # _inbox_full() inline: replies waiting for their requests share the bound.
@@ -1103,6 +1127,18 @@ class Session:
             self._protocol.discard_data()
         self._update_reading()
 
+    def _charge(self, wire: int, decoded: int) -> None:
+        """A message of ``wire`` bytes decoded to more than FREE_RATIO times that: stop reading
+        while the decode budget refills (session/budget.py)."""
+        pause = self._budget.charge(wire, decoded, self._loop.time())
+        if pause > 0 and self._throttle is None:
+            self._throttle = self._loop.call_later(pause, self._end_throttle)
+            self._update_reading()
+
+    def _end_throttle(self) -> None:
+        self._throttle = None
+        self._update_reading()
+
     def _update_reading(self) -> None:
         """Stop reading while the application lags (inbox full, in messages or in bytes) or the peer
         makes us queue output faster than it reads (e.g. a PING flood); resume at half those marks."""
@@ -1113,9 +1149,14 @@ class Session:
                 len(self._inbox) + self._correlator.buffered > self._max_queue // 2
                 or self._inbox_bytes + self._correlator.buffered_bytes > self._max_queue_bytes // 2
                 or self._protocol.output_backlog > _MAX_OUTPUT_BACKLOG // 2
+                or self._throttle is not None
             )
         else:
-            pause = self._inbox_full() or self._protocol.output_backlog > _MAX_OUTPUT_BACKLOG
+            pause = (
+                self._inbox_full()
+                or self._protocol.output_backlog > _MAX_OUTPUT_BACKLOG
+                or self._throttle is not None
+            )
         if pause == self._paused:
             return
         self._paused = pause
@@ -1197,6 +1238,9 @@ class Session:
         a task's exception holds frames that hold this session, and a push channel's callbacks are
         bound methods of it. Messages still in the inbox stay readable."""
         self._tasks = [t for t in self._tasks if not t.done()]
+        if self._throttle is not None:
+            self._throttle.cancel()
+            self._throttle = None
         if self._write_timer is not None:
             self._write_timer.cancel()
             self._write_timer = None
