@@ -616,3 +616,23 @@ async def test_messages_that_decode_to_far_more_than_they_cost_are_paced() -> No
     took = arrived[-1] - start
     # The old code: all 14 decoded in 0.07 s.
     assert took >= 0.8 * owed / REFILL, f"{count} x {size >> 20} MiB decoded in {took:.2f} s"
+
+
+@pytest.mark.parametrize("binary_text", [True, False])
+async def test_a_peer_offering_only_tokennative_does_not_get_long_echoes_tokenized(binary_text: bool) -> None:
+    """A peer that offered only tokennative made an echoing server tokenize everything it sent
+    back, on its event loop (3 messages of 199 bytes cost 29 s of CPU; stop 32's attack run).
+    Automatic selection no longer tokenizes content past TOKENNATIVE_AUTO_MAX characters: it
+    goes as plain text, which every peer reads."""
+
+    async def echo(session: Session) -> None:
+        async for message in session:
+            await session.send(message.text or "")
+
+    text = "the same words again, " * 5000  # 110 KB
+    async with serve(echo, "ws://127.0.0.1:0", binary_text=binary_text) as server:
+        async with connect(server.url, algorithms=["tokennative"], binary_text=binary_text) as client:
+            assert client.info.algorithms == ("tokennative",)
+            await client.send(text)
+            reply = await asyncio.wait_for(client.recv(), 10)
+    assert reply.text == text and reply.algorithm == "none"  # the old code: tokennative

@@ -127,6 +127,12 @@ def _is_json(content: str) -> bool:
 NONE_BELOW = 100  # seed 5.2.1; below this TokenNative saves at most ~15 bytes and doubles the tokens
 BROTLI_FROM = 1024  # measured crossover: above ~1 KB Brotli's wire is smaller than TokenNative's
 NON_ASCII_SHARE = 0.25  # bytes beyond one per character / total: CJK, emoji, ... tokenize poorly
+# Automatic selection tokenizes (TokenNative) at most this many characters. Tokenizing costs
+# ~0.3-0.6 s per MB (tiktoken, on the event loop), and a peer that negotiated only tokennative
+# made an echoing server tokenize all it sent back: 3 messages of 199 bytes (Brotli, 16 MiB each
+# decoded) cost 29 s of CPU (stop 32's attack run). Above it, where Brotli is not allowed,
+# content goes as plain text: every M2M decoder reads unprefixed content as itself.
+TOKENNATIVE_AUTO_MAX = 64 * 1024
 # optimize="tokens": Brotli's base64 costs ~0.86 tokens per byte of a zlib-1 stream; pick it only when
 # that is clearly below the content's estimated token count.
 _BROTLI_TOKENS_PER_ZLIB1_BYTE = 0.86
@@ -160,7 +166,9 @@ def select_algorithm(
     ``optimize="bytes"`` minimises wire bytes using byte-exact codecs (TokenNative, Brotli, None);
     ``"tokens"`` minimises the wire's LLM token count, where T1 (JSON-equivalent, not byte-identical)
     is preferred for chat-API JSON and Brotli for large, highly repetitive content. Content that is not
-    JSON never gets T1 or m2m; prefix-like content never gets NONE. Nothing is tokenized; at most one zlib
+    JSON never gets T1 or m2m; prefix-like content never gets NONE; content of more than
+    TOKENNATIVE_AUTO_MAX characters never gets TokenNative (NONE instead, allowed or not, when
+    nothing else is allowed). Nothing is tokenized; at most one zlib
     level-1 pass is made (``optimize="tokens"``, content of 1 KB or more). Raises :class:`EncodeError`
     when no allowed algorithm can carry the content.
     """
@@ -173,15 +181,20 @@ def select_algorithm(
         candidates = tuple(a for a in candidates if a is not Algorithm.NONE)
     order = _bytes_order(content) if optimize == "bytes" else _tokens_order(content)
     json_ok: bool | None = None
+    too_long = not prefix_like and len(content) > TOKENNATIVE_AUTO_MAX
     for alg in order:
         if alg not in candidates:
             continue
+        if alg is Algorithm.TOKENNATIVE and too_long:
+            continue  # plain text below, if nothing else is allowed
         if alg is Algorithm.TOKEN or alg is Algorithm.M2M:
             if json_ok is None:
                 json_ok = _is_json(content)
             if not json_ok:
                 continue
         return alg
+    if too_long and Algorithm.TOKENNATIVE in candidates:
+        return Algorithm.NONE
     detail = " (it starts like an M2M prefix, so NONE cannot carry it)" if prefix_like else ""
     if Algorithm.TOKEN in candidates:
         detail += " (T1 needs JSON content)"

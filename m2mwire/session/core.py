@@ -413,11 +413,14 @@ class SessionProtocol:
                     self._account_sent(zsent, now)
                     return zsent
             if self._binary_text is not None and original >= BINARY_TEXT_MIN:
-                if algorithm is None:  # chosen here once, and passed on to encode_text
+                auto = algorithm is None
+                if auto:  # chosen here once, and passed on to encode_text
                     algorithm = select_algorithm(
                         text, allowed=info.algorithms, optimize=self.config.optimize, encoding=info.encoding
                     )
-                if algorithm is Algorithm.NONE and Algorithm.NONE in info.algorithms:
+                # NONE unnegotiated: selection's plain-text fallback for long content where only
+                # TokenNative is (select.TOKENNATIVE_AUTO_MAX), which every peer reads.
+                if algorithm is Algorithm.NONE and (auto or Algorithm.NONE in info.algorithms):
                     fields = (request_id, reply_to, more, trace) if correlated else None
                     sent = self._send_binary_text(text, content_type, original, fields)
                     self._account_sent(sent, now)

@@ -12,7 +12,13 @@ from hypothesis import strategies as st
 
 from m2mwire.codecs import Algorithm, compress, count_tokens, select_algorithm
 from m2mwire.codecs import tokenizers as tokenizers_module
-from m2mwire.codecs.select import BROTLI_FROM, NONE_BELOW, is_llm_api_payload, is_prefix_like
+from m2mwire.codecs.select import (
+    BROTLI_FROM,
+    NONE_BELOW,
+    TOKENNATIVE_AUTO_MAX,
+    is_llm_api_payload,
+    is_prefix_like,
+)
 from m2mwire.errors import EncodeError
 from m2mwire.samples import sample_payloads
 
@@ -197,3 +203,18 @@ def test_corpus_selection_is_close_to_the_best_codec_per_payload() -> None:
         assert selected < original
     assert totals["bytes"][1] <= 0.35 * totals["bytes"][0]  # measured 31.8% of the original bytes
     assert totals["tokens"][1] <= 0.75 * totals["tokens"][0]  # measured 70.0% of the original tokens
+
+
+def test_long_content_is_never_tokenized_by_automatic_selection() -> None:
+    """A peer that negotiated only tokennative made an echoing server tokenize everything it
+    sent back, on its event loop: 3 messages of 199 bytes (Brotli, 16 MiB decoded each) cost
+    29 s of CPU (stop 32's attack run). Past TOKENNATIVE_AUTO_MAX characters, content goes as
+    plain text where nothing but TokenNative is allowed (every decoder reads it); asked for by
+    name, TokenNative still encodes it."""
+    long = PROSE * (TOKENNATIVE_AUTO_MAX // len(PROSE) + 1)
+    assert select_algorithm(long, allowed=["tokennative"]) is Algorithm.NONE
+    assert select_algorithm(long, allowed=["tokennative", "brotli"]) is Algorithm.BROTLI
+    assert select_algorithm(long[:TOKENNATIVE_AUTO_MAX], allowed=["tokennative"]) is Algorithm.TOKENNATIVE
+    assert select_algorithm("#TK|" + long, allowed=["tokennative"]) is Algorithm.TOKENNATIVE  # no plain form
+    with pytest.raises(EncodeError, match="none of the allowed"):
+        select_algorithm(long, allowed=[])
