@@ -105,7 +105,7 @@ from m2mwire.session.payload import (
     zstd_binary_tokens,
     zstd_message,
 )
-from m2mwire.session.resume import ResumeState, message_size, new_token
+from m2mwire.session.resume import ACK_WAIT_PONGS, ResumeState, message_size, new_token
 from m2mwire.session.states import BINARY, Inbound, Role, State, expected, unexpected
 from m2mwire.session.zstdstate import ZstdMessage, ZstdSessionState
 
@@ -174,6 +174,9 @@ class SessionProtocol:
         self._close_deadline: float | None = None
         self._pong_deadline: float | None = None
         self._missed_pongs = 0
+        # PONGs in a row while our retention buffer was full, and the acknowledged count then.
+        self._full_pongs = 0
+        self._full_pong_acked = -1
         self._ping_sent_at: float | None = None
         self._closed_error: M2MError | None = None  # why we started closing, if not the app's close()
         self._closing: tuple[str, str] = (SessionCode.NORMAL, "")  # the code and text of our CLOSE
@@ -953,6 +956,29 @@ class SessionProtocol:
         if self._ping_sent_at is not None:
             self.stats.ping_rtt = now - self._ping_sent_at
             self._ping_sent_at = None
+        r = self.resume
+        if r is not None and r.full and self.state is State.ESTABLISHED:
+            self._check_acknowledging(r, now)
+
+    def _check_acknowledging(self, r: ResumeState, now: float) -> None:
+        """A PONG while our retention buffer is full. The peer read our PING after every message
+        we retain (one ordered channel), so it received more than an eighth of our buffer, and
+        every version of this protocol acknowledges by then (§9). A peer that answers PINGs and
+        acknowledges nothing kept our send() waiting for good, the session alive (stop 32's
+        attack run): after ACK_WAIT_PONGS such PONGs with no acknowledgement between them, the
+        session ends INVALID_ACK (about ACK_WAIT_PONGS x ping_interval after it filled)."""
+        if r.acked != self._full_pong_acked:
+            self._full_pong_acked, self._full_pongs = r.acked, 1
+            return
+        self._full_pongs += 1
+        if self._full_pongs >= ACK_WAIT_PONGS:
+            err = ProtocolError(
+                f"the peer answered {self._full_pongs} PINGs in a row but acknowledged none of our "
+                f"{r.sent - r.acked} retained DATA messages, which it had received (resume): "
+                "dropped. It does not follow the resume protocol (docs/PROTOCOL.md §9)",
+                code=SessionCode.INVALID_ACK,
+            )
+            self._begin_close(SessionCode.INVALID_ACK, str(err), now, err)
 
     def _on_close(self, _sid: str | None, payload: Any, now: float) -> None:
         reason = ""

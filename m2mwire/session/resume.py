@@ -51,6 +51,7 @@ from m2mwire.session.zstdstate import ZstdMessage
 __all__ = [
     "ACK_EVERY",
     "ACK_FRACTION",
+    "ACK_WAIT_PONGS",
     "REPLAY_MESSAGE_COST",
     "REPLAY_REFILL",
     "REPLAY_REFUND",
@@ -58,6 +59,11 @@ __all__ = [
     "message_size",
     "new_token",
 ]
+
+#: PONGs in a row, received while our retention buffer was full, with no acknowledgement between
+#: them, before the session ends INVALID_ACK (core._check_acknowledging). One would do for a peer
+#: that follows §9; three leave room for an acknowledgement crossing a PING.
+ACK_WAIT_PONGS = 3
 
 ACK_EVERY = 1024  # DATA messages received before an ACK is due, whatever their size
 ACK_FRACTION = 8  # ... or this fraction of the peer's retention buffer in bytes (module docstring)

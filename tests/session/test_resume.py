@@ -22,7 +22,14 @@ from m2mwire.session.core import SessionProtocol
 from m2mwire.session.events import Closed, Detached, Established, Resumed, ResumeRequested
 from m2mwire.session.outputs import CloseTransport, SendMessage
 from m2mwire.session.payload import Message
-from m2mwire.session.resume import ACK_EVERY, REPLAY_MESSAGE_COST, REPLAY_REFILL, REPLAY_REFUND, ResumeState
+from m2mwire.session.resume import (
+    ACK_EVERY,
+    ACK_WAIT_PONGS,
+    REPLAY_MESSAGE_COST,
+    REPLAY_REFILL,
+    REPLAY_REFUND,
+    ResumeState,
+)
 from m2mwire.session.states import Role, State
 
 IDENT = ModelIdentity(model_family="llama", model_id="tiny", model_hash="ab" * 32, hidden_dim=4, num_layers=2)
@@ -759,3 +766,36 @@ def test_a_resuming_peers_count_is_released_once_not_walked_again_per_resume() -
     assert state.replay_wait(10, 0.0) == 0.0 and state.acked == 50  # behind what it acknowledged
     state.replay(50, 0.0)
     assert state.to_resend == 50 and state.next_replayed() == (b"x" * 100,)
+
+
+@pytest.mark.parametrize("acknowledging", [True, False])
+def test_a_peer_that_answers_pings_but_never_acknowledges_is_dropped(acknowledging: bool) -> None:
+    """A server that took every DATA message, answered every PING and never sent an ACK kept a
+    client's send() waiting for good once its retention buffer was full, the session alive
+    (stop 32's attack run). A PONG comes after every message retained, so the peer has them
+    all, and every version of §9 acknowledges by then: ACK_WAIT_PONGS such PONGs with no
+    acknowledgement between them end the session INVALID_ACK."""
+    client, server = established(client_cfg=cfg(resume=True, resume_buffer_bytes=4000))
+    assert client.resume is not None
+    while not client.resume.full:
+        client.send("x" * 500, 1.0)
+    now = 1.0
+    ping_interval = client.config.timers.ping_interval
+    for _ in range(ACK_WAIT_PONGS + 1):  # bounded: one PING round each
+        for out in client.data_to_send():  # DATA, then the PING
+            assert isinstance(out, SendMessage)
+            receive(server, out, now)
+        for out in server.data_to_send():  # PONG, and ACKs unless the peer withholds them
+            assert isinstance(out, SendMessage)
+            if acknowledging or json.loads(out.message)["type"] != "ACK":
+                receive(client, out, now)
+        if client.state is not State.ESTABLISHED or not client.resume.full:
+            break
+        now += ping_interval
+        client.handle_timer(now)  # nothing received for ping_interval: a PING
+    if acknowledging:
+        assert client.state is State.ESTABLISHED and not client.resume.full
+    else:
+        assert client.state is State.CLOSING
+        (close,) = [json.loads(o.message) for o in client.data_to_send() if isinstance(o, SendMessage)]
+        assert close["type"] == "CLOSE" and close["payload"]["reason"] == "INVALID_ACK"
