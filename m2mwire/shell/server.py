@@ -9,7 +9,6 @@ import asyncio
 import contextlib
 import logging
 import uuid
-from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Unpack
 
@@ -22,6 +21,13 @@ from m2mwire.schemas.codes import SessionCode
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT
 from m2mwire.session.core import SessionProtocol
 from m2mwire.session.events import ResumeRequested, Stats
+from m2mwire.session.resumption import (
+    ENDED_WHILE_WAITING,
+    SUPERSEDED,
+    EndedSessions,
+    replay_delay,
+    resume_refusal,
+)
 from m2mwire.session.states import Role
 from m2mwire.shell.hosting import HostedSession
 from m2mwire.shell.serverstats import ServerStats, add_stats
@@ -32,8 +38,6 @@ from m2mwire.transport.base import Channel, TransportConfig
 __all__ = ["Handler", "Server", "ServerStats", "serve"]
 
 log = logging.getLogger("m2mwire.session")
-
-_ENDED_IDS_KEPT = 10_000  # ids of ended resumable sessions a server remembers (RESUME_EXPIRED vs _UNKNOWN)
 
 Handler = Callable[[Session], Awaitable[None]]
 
@@ -58,7 +62,7 @@ class Server(Listening):
         self._active: set[str] = set()
         self._sessions: set[HostedSession] = set()
         self._resumable: dict[str, HostedSession] = {}  # established sessions that negotiated resume
-        self._ended_ids: OrderedDict[str, str] = OrderedDict()  # recently ended: id -> how
+        self._ended_ids = EndedSessions()  # recently ended resumable sessions: id -> how
         self._ended = Stats()  # sums over sessions that have ended
         self._opened = self._refused = 0
         self._handler_tasks: set[asyncio.Task[Any]] = set()
@@ -145,51 +149,34 @@ class Server(Listening):
             return
         del self._resumable[sid]
         closed = session.closed
-        self._ended_ids[sid] = closed.code if closed is not None else SessionCode.NORMAL
-        while len(self._ended_ids) > _ENDED_IDS_KEPT:
-            self._ended_ids.popitem(last=False)
+        self._ended_ids.record(sid, closed.code if closed is not None else SessionCode.NORMAL)
 
     def _resume(self, fresh: HostedSession, request: ResumeRequested) -> None:
         """A fresh connection's HELLO resumes ``request.session_id``: move the connection to that
-        session, or answer REJECT with why not. The token is compared in constant time. The
-        answers do tell a live id (RESUME_REFUSED), an ended one (how it ended) and an unknown one
-        (RESUME_UNKNOWN) apart, as docs/PROTOCOL.md section 9 lists them: ids are random UUIDs, so
-        this confirms only ids one already knows, and a token (256 bits) is still needed to resume."""
+        session, or answer REJECT with why not (session/resumption.py decides which)."""
         target = self._resumable.get(request.session_id)
-        if target is None or target.closed is not None:
-            ended = self._ended_ids.get(request.session_id)
-            if ended == "RESUME_EXPIRED":
-                fresh.refuse_resume(
-                    "RESUME_EXPIRED",
-                    f"the session waited {self._config.resume_window:g} s (resume_window) and ended",
-                )
-            elif ended is not None:
-                fresh.refuse_resume("RESUME_UNKNOWN", f"the session has ended ({ended})")
-            else:
-                fresh.refuse_resume(
-                    "RESUME_UNKNOWN", "this server does not know the session (it may have restarted)"
-                )
+        live = target is not None and target.closed is None
+        refusal = resume_refusal(
+            live=live,
+            ended=None if live else self._ended_ids.get(request.session_id),
+            token_ok=target is not None and live and target.resume_token_matches(request.token),
+            accepts=target is not None and live and target.accepts_resume,
+            resume_window=self._config.resume_window,
+        )
+        if refusal is not None:
+            fresh.refuse_resume(*refusal)
             return
-        if not target.resume_token_matches(request.token):
-            fresh.refuse_resume("RESUME_REFUSED", "wrong resume token for this session")
-            return
-        if not target.accepts_resume:
-            # A CLOSE was sent or received: taking the session over now would hand the
-            # connection to a session that cannot attach it.
-            fresh.refuse_resume("RESUME_UNKNOWN", "the session is closing; open a new session")
-            return
+        assert target is not None
         waiting = self._waiting_resumes.pop(request.session_id, None)
         if waiting is not None:  # the client gave up on that connection: only the newest counts
             older, handle = waiting
             handle.cancel()
-            older.refuse_resume("RESUME_REFUSED", "superseded by a newer connection resuming the session")
-        wait = target.replay_wait(request.received)
-        if wait <= 0:
+            older.refuse_resume(*SUPERSEDED)
+        # After the token check: the resume's count acknowledges (and releases) retained messages.
+        delay = replay_delay(target.replay_wait(request.received), self._config.timers.hello_timeout)
+        if delay <= 0:
             target.take_over(fresh.session, request.received)
             return
-        # The replay would overdraw the session's budget (resume.REPLAY_REFILL): wait, within
-        # the fresh connection's own handshake time.
-        delay = min(wait, self._config.timers.hello_timeout / 2)
         handle = asyncio.get_running_loop().call_later(delay, self._resume_after_wait, fresh, request)
         self._waiting_resumes[request.session_id] = (fresh, handle)
 
@@ -199,7 +186,7 @@ class Server(Listening):
             return
         target = self._resumable.get(request.session_id)
         if target is None or not target.accepts_resume:
-            fresh.refuse_resume("RESUME_UNKNOWN", "the session ended while this connection waited to resume")
+            fresh.refuse_resume(*ENDED_WHILE_WAITING)
             return
         target.take_over(fresh.session, request.received)
 
