@@ -21,11 +21,16 @@ from typing import Final
 
 from m2mwire.codecs.limits import MiB
 
-__all__ = ["BURST", "FREE_RATIO", "REFILL", "DecodeBudget"]
+__all__ = ["BURST", "FREE_RATIO", "MAX_PAUSE", "REFILL", "DecodeBudget"]
 
 FREE_RATIO: Final = 1024
 BURST: Final = 64 * MiB
 REFILL: Final = 16 * MiB
+#: The longest one pause lasts, whatever is owed (a JSON message's cost counts its parsed objects,
+#: up to ~24 x its text): while we do not read, the peer's PINGs wait, and a peer declares us gone
+#: after ping_interval + max_missed_pongs x pong_timeout (20 s by default). What is still owed
+#: then pauses reading again at the next message that decodes past FREE_RATIO.
+MAX_PAUSE: Final = 5.0
 
 
 class DecodeBudget:
@@ -45,4 +50,4 @@ class DecodeBudget:
             return 0.0
         credit = min(float(BURST), self._credit + REFILL * (now - self._at)) - excess
         self._credit, self._at = credit, now
-        return -credit / REFILL if credit < 0 else 0.0
+        return min(-credit / REFILL, MAX_PAUSE) if credit < 0 else 0.0

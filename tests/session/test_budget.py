@@ -4,7 +4,7 @@ bytes received is paid from a bucket of BURST bytes refilled at REFILL per secon
 from __future__ import annotations
 
 from m2mwire.codecs.limits import MiB
-from m2mwire.session.budget import BURST, FREE_RATIO, REFILL, DecodeBudget
+from m2mwire.session.budget import BURST, FREE_RATIO, MAX_PAUSE, REFILL, DecodeBudget
 
 BOMB = 16 * MiB  # a 199-byte Brotli wire's output (stop 32's attack run)
 
@@ -34,3 +34,12 @@ def test_the_bucket_refills_only_up_to_the_burst() -> None:
     later = 3600.0  # an hour idle: full again, and no fuller
     assert budget.charge(1, BURST, later) == 0.0
     assert budget.charge(1, MiB, later) > 0.0
+
+
+def test_one_pause_lasts_at_most_max_pause_and_the_rest_is_still_owed() -> None:
+    """A JSON message's cost counts its parsed objects (up to ~24 x its text): one that owes
+    384 MiB paused reading for 24 s, past the 20 s after which a peer declares us gone."""
+    budget = DecodeBudget(0.0)
+    assert budget.charge(300, 384 * MiB + BURST, 0.0) == MAX_PAUSE
+    assert budget.charge(1000, 1000, MAX_PAUSE) == 0.0  # within the free ratio: never charged
+    assert budget.charge(1, MiB, MAX_PAUSE) == MAX_PAUSE  # still owed: the next excess pauses again
