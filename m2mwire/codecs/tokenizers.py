@@ -365,6 +365,20 @@ def count_tokens(text: str, encoding: str | Encoding = Encoding.CL100K) -> int:
     return len(get_tokenizer(encoding).encode(text, allowed_special="all"))
 
 
+#: Statistics (token_stats=True) count the tokens of at most this many characters of a message
+#: exactly and scale the rest from them: tokenizing runs on the event loop at ~0.3-0.6 s per MB,
+#: and one 199-byte Brotli message decoding to 16 MiB made a server count for 12.8 s (stop 32).
+STATS_EXACT_CHARS = 4096
+
+
+def estimated_tokens(text: str) -> int:
+    """:func:`count_tokens` (cl100k) for statistics: exact up to :data:`STATS_EXACT_CHARS`
+    characters; beyond, the count of the first ones scaled to the whole length."""
+    if len(text) <= STATS_EXACT_CHARS:
+        return count_tokens(text)
+    return round(count_tokens(text[:STATS_EXACT_CHARS]) * len(text) / STATS_EXACT_CHARS)
+
+
 def preload(encodings: Iterable[str | Encoding] | None = None) -> list[Encoding]:
     """Build the tokenizers of ``encodings`` now (default: every one installed here) rather than
     on first use, which takes ~0.2 s each; returns those built. Thread-safe: a server may call it

@@ -27,13 +27,11 @@ from typing import Any, Literal
 
 import msgspec
 
-from m2mwire.codecs import (
-    Algorithm,
-    count_tokens,
-)
+from m2mwire.codecs import Algorithm
 from m2mwire.codecs.buffers import Buffer
 from m2mwire.codecs.jsonutil import check_json_text, dumps_compact
 from m2mwire.codecs.select import select_algorithm
+from m2mwire.codecs.tokenizers import estimated_tokens
 from m2mwire.codecs.utf8 import check_utf8, cut_utf8, utf8_len
 from m2mwire.errors import (
     DecodeError,
@@ -340,7 +338,7 @@ class SessionProtocol:
             return None
         if self.config.token_stats and message.algorithm == "zstd":
             assert message.text is not None
-            self.stats.original_tokens_received += count_tokens(message.text)
+            self.stats.original_tokens_received += estimated_tokens(message.text)
             self.stats.wire_tokens_received += zstd_binary_tokens(data)
         if self.resume is not None:
             if message.algorithm == "zstd":
@@ -448,7 +446,7 @@ class SessionProtocol:
             if self._direct:  # else retained only, and sent by the replay of a resume
                 self._outputs.append(SendMessage(envelope))
             if self.config.token_stats:
-                tokens = (count_tokens(text), count_tokens(wire))
+                tokens = (estimated_tokens(text), estimated_tokens(wire))
                 self.stats.original_tokens_sent += tokens[0]
                 self.stats.wire_tokens_sent += tokens[1]
                 sent = SentInfo(name, False, original, wire_len, *tokens)
@@ -479,7 +477,7 @@ class SessionProtocol:
         if self._direct:  # else retained only, and sent by the replay of a resume
             self._outputs.append(SendMessage((frame,)))
         if self.config.token_stats:
-            tokens = count_tokens(text)  # the content travels as it is
+            tokens = estimated_tokens(text)  # the content travels as it is
             self.stats.original_tokens_sent += tokens
             self.stats.wire_tokens_sent += tokens
             return SentInfo("none", True, original, size, tokens, tokens)
@@ -520,7 +518,7 @@ class SessionProtocol:
             self.resume.on_sent(zmessage, zmessage.size)
             if not stats:
                 return SentInfo("zstd", zmessage.payload is None, original, zmessage.size)
-            tokens = count_tokens(text)
+            tokens = estimated_tokens(text)
             self.stats.original_tokens_sent += tokens
             self.stats.wire_tokens_sent += tokens
             return SentInfo("zstd", zmessage.payload is None, original, zmessage.size, tokens, tokens)
@@ -530,12 +528,12 @@ class SessionProtocol:
             assert zmessage.payload is not None
             wire = zmessage.payload.content
             sent = SentInfo("zstd", False, original, len(wire))
-            wire_tokens = count_tokens(wire) if stats else 0
+            wire_tokens = estimated_tokens(wire) if stats else 0
         else:  # the binary form: the whole DATA message is the frame
             sent = SentInfo("zstd", True, original, len(out[0]))
             wire_tokens = zstd_binary_tokens(out[0]) if stats else 0
         if stats:
-            original_tokens = count_tokens(text)
+            original_tokens = estimated_tokens(text)
             self.stats.original_tokens_sent += original_tokens
             self.stats.wire_tokens_sent += wire_tokens
             sent = SentInfo("zstd", sent.binary, original, sent.wire_bytes, original_tokens, wire_tokens)
@@ -920,8 +918,8 @@ class SessionProtocol:
             return None
         if self.config.token_stats:
             assert message.text is not None
-            self.stats.original_tokens_received += count_tokens(message.text)
-            self.stats.wire_tokens_received += count_tokens(payload.content)
+            self.stats.original_tokens_received += estimated_tokens(message.text)
+            self.stats.wire_tokens_received += estimated_tokens(payload.content)
         return self._deliver(message, now)
 
     def _on_ping(self, sid: str | None, _payload: Any, _now: float) -> None:

@@ -24,7 +24,6 @@ from m2mwire.codecs import (
     Algorithm,
     Encoding,
     compress_binary,
-    count_tokens,
     decode_m2m_binary,
     decode_wire,
     decompress_binary,
@@ -37,6 +36,7 @@ from m2mwire.codecs.jsonutil import JsonValue, loads_limited, parse_json
 from m2mwire.codecs.limits import DEFAULT_LIMITS, Limits
 from m2mwire.codecs.m2mframe import M2M_PREFIX
 from m2mwire.codecs.select import NONE_BELOW, Optimize
+from m2mwire.codecs.tokenizers import estimated_tokens
 from m2mwire.codecs.utf8 import utf8_len
 from m2mwire.codecs.varint import b64encode
 from m2mwire.codecs.wire import encode_with
@@ -368,7 +368,7 @@ def _data_message(
 def zstd_binary_tokens(frame: Buffer) -> int:
     """token_stats for a binary zstd message: the tokens of its #ZS| text form, what the same
     bytes would cost an LLM reading the wire."""
-    return count_tokens(ZSTD_PREFIX + b64encode(memoryview(frame)[1:]))
+    return estimated_tokens(ZSTD_PREFIX + b64encode(memoryview(frame)[1:]))
 
 
 # -- sending --------------------------------------------------------------------------------------

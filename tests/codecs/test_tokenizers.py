@@ -355,3 +355,21 @@ def test_preload_builds_named_tokenizers_once() -> None:
     built = get_tokenizer(Encoding.O200K)
     preload([Encoding.O200K])
     assert get_tokenizer(Encoding.O200K) is built  # not rebuilt
+
+
+def test_statistics_tokenize_at_most_stats_exact_chars(monkeypatch: pytest.MonkeyPatch) -> None:
+    """token_stats=True counted every message's tokens whole, on the event loop: one 199-byte
+    Brotli message decoding to 16 MiB made a server count for 12.8 s (stop 32's attack run).
+    Statistics count the first STATS_EXACT_CHARS characters and scale the rest from them."""
+    from m2mwire.codecs import tokenizers
+
+    text = "The deployment failed again with a timeout while waiting for the migration. " * 2000
+    exact = tokenizers.count_tokens(text)
+    short = text[:1000]
+    assert tokenizers.estimated_tokens(short) == tokenizers.count_tokens(short)
+    seen: list[int] = []
+    real = tokenizers.count_tokens
+    monkeypatch.setattr(tokenizers, "count_tokens", lambda t: seen.append(len(t)) or real(t))
+    estimate = tokenizers.estimated_tokens(text)
+    assert max(seen) <= tokenizers.STATS_EXACT_CHARS < len(text)
+    assert abs(estimate - exact) <= 0.02 * exact, (estimate, exact)
