@@ -127,12 +127,15 @@ def _is_json(content: str) -> bool:
 NONE_BELOW = 100  # seed 5.2.1; below this TokenNative saves at most ~15 bytes and doubles the tokens
 BROTLI_FROM = 1024  # measured crossover: above ~1 KB Brotli's wire is smaller than TokenNative's
 NON_ASCII_SHARE = 0.25  # bytes beyond one per character / total: CJK, emoji, ... tokenize poorly
-# Automatic selection tokenizes (TokenNative) at most this many characters. Tokenizing costs
-# ~0.3-0.6 s per MB (tiktoken, on the event loop), and a peer that negotiated only tokennative
-# made an echoing server tokenize all it sent back: 3 messages of 199 bytes (Brotli, 16 MiB each
-# decoded) cost 29 s of CPU (stop 32's attack run). Above it, where Brotli is not allowed,
-# content goes as plain text: every M2M decoder reads unprefixed content as itself.
-TOKENNATIVE_AUTO_MAX = 64 * 1024
+# Automatic selection tokenizes (TokenNative) at most this many characters. Tokenizing runs on
+# the event loop, and a peer that negotiated only tokennative made an echoing server tokenize all
+# it sent back: 3 messages of 199 bytes (Brotli, 16 MiB each decoded) cost 29 s of CPU (stop 32's
+# attack run). At 64 Ki characters a run of one letter still took 9.4 ms per 183-byte message;
+# at 4,096, 0.42 ms (emoji 0.57 ms, prose 0.12 ms). Above it, where Brotli is not allowed,
+# content goes as plain text: every M2M decoder reads unprefixed content as itself. (The seed's
+# rules give TokenNative to content under 1 KB; ours, to content under 1 KiB where Brotli is
+# allowed, and up to this where it is not.)
+TOKENNATIVE_AUTO_MAX = 4096
 # optimize="tokens": Brotli's base64 costs ~0.86 tokens per byte of a zlib-1 stream; pick it only when
 # that is clearly below the content's estimated token count.
 _BROTLI_TOKENS_PER_ZLIB1_BYTE = 0.86
