@@ -589,11 +589,12 @@ async def test_messages_that_decode_to_far_more_than_they_cost_are_paced() -> No
     """Each message's output is bounded (max_payload), but not its output per byte received: a
     peer sending 199-byte messages that decode to 16 MiB each, as fast as the socket took them,
     kept a server's core busy for minutes after it left (stop 32's attack run). Past FREE_RATIO
-    x what each message cost on the wire, a session decodes BURST at once, then REFILL per
-    second: reading waits meanwhile, and every message still arrives."""
+    x what each message cost on the wire, a server decodes BURST at once, then REFILL per
+    second, all its sessions together (two sessions here, each within one BURST: with a bucket
+    per session, neither would wait). Reading waits meanwhile, and every message arrives."""
     from m2mwire.session.budget import BURST, FREE_RATIO, REFILL
 
-    size, count = 8 << 20, 14
+    size, count = 8 << 20, 28
     arrived: list[float] = []
     loop = asyncio.get_running_loop()
 
@@ -603,19 +604,25 @@ async def test_messages_that_decode_to_far_more_than_they_cost_are_paced() -> No
             assert len(message.text or "") == size
 
     async with serve(sink, "ws://127.0.0.1:0") as server:
-        async with zstd_client(server.port, size, count) as (_reader, writer, blob):
-            wire = len(blob) // count
+        async with (
+            zstd_client(server.port, size, count) as (_r1, first, blob1),
+            zstd_client(server.port, size, count) as (_r2, second, blob2),
+        ):
+            per_session = count * size - FREE_RATIO * len(blob1)
+            assert per_session < BURST  # either alone would not wait
+            owed = 2 * per_session - BURST  # together, the bucket refills this much
+            assert owed > REFILL  # the test means something: more than a second of refill
             start = loop.time()
-            writer.write(blob)
-            await writer.drain()
+            first.write(blob1)
+            second.write(blob2)
+            await first.drain()
+            await second.drain()
             async with asyncio.timeout(30):
-                while len(arrived) < count:
+                while len(arrived) < 2 * count:
                     await asyncio.sleep(0.02)
-    owed = count * (size - FREE_RATIO * wire) - BURST  # what the bucket had to refill
-    assert owed > REFILL  # the test means something: more than a second of refill
     took = arrived[-1] - start
-    # The old code: all 14 decoded in 0.07 s.
-    assert took >= 0.8 * owed / REFILL, f"{count} x {size >> 20} MiB decoded in {took:.2f} s"
+    # The old code, or a bucket per session: all 56 decoded in well under a second.
+    assert took >= 0.8 * owed / REFILL, f"{2 * count} x {size >> 20} MiB decoded in {took:.2f} s"
 
 
 @pytest.mark.parametrize("binary_text", [True, False])
@@ -636,3 +643,32 @@ async def test_a_peer_offering_only_tokennative_does_not_get_long_echoes_tokeniz
             await client.send(text)
             reply = await asyncio.wait_for(client.recv(), 10)
     assert reply.text == text and reply.algorithm == "none"  # the old code: tokennative
+
+
+async def test_resending_a_json_snapshot_through_zstd_is_not_paced() -> None:
+    """Session-context zstd exists for traffic that resends what it sent before: a 208 KB JSON
+    snapshot sent again travels in ~50 bytes. The decode budget's first version charged the
+    inbox cost (parsed JSON at up to 24x its text) against 1,024x the wire, per session: 150
+    such snapshots took 29.7 s instead of 0.63 s (stop 32's review). It charges the decoded
+    text now, from a bucket that holds them."""
+    value = {"rows": [{"id": i, "name": f"item {i}", "tags": ["a", "b"]} for i in range(4000)]}
+    snapshot = json.dumps(value, separators=(",", ":"))
+    got: list[int] = []
+
+    async def sink(session: Session) -> None:
+        async for message in session:
+            assert message.kind == "json"
+            got.append(len(message.text or ""))
+
+    async with serve(sink, "ws://127.0.0.1:0", algorithms=["zstd"]) as server:
+        async with connect(server.url, algorithms=["zstd"]) as client:
+            loop = asyncio.get_running_loop()
+            start = loop.time()
+            for _ in range(150):
+                await client.send(value)
+            async with asyncio.timeout(30):
+                while len(got) < 150:
+                    await asyncio.sleep(0.01)
+            took = loop.time() - start
+    assert len(snapshot) > 180_000 and got == [len(snapshot)] * 150
+    assert took < 5.0, f"150 snapshots took {took:.1f} s"

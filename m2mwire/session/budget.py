@@ -5,14 +5,23 @@ Every codec's output is bounded per message (the negotiated ``max_payload``), bu
 received: a 199-byte Brotli wire decodes to 16 MiB, ~40 ms of CPU, and a peer sending them as
 fast as the socket took them kept a server's core busy for minutes after it left, and every other
 session of that server waiting (stop 32's attack run). So each received message may decode to
-:data:`FREE_RATIO` times its own wire size at no charge (what honest traffic stays within:
-session-context zstd on agent traffic decodes to ~20x, Brotli to ~4x); what it decodes to beyond
-that is paid from a bucket of :data:`BURST` bytes, refilled at :data:`REFILL` bytes per second.
-Once the bucket is empty the shell stops reading until it has refilled: the peer's messages wait
-in its own flow control, nothing is dropped, and a session of highly compressible data is slowed
-to REFILL per second of excess instead of failing. What one session can make its side decode is
-then ``FREE_RATIO`` x its bytes + ``BURST`` + ``REFILL`` per second (its cost as the inbox counts
-it: for JSON, the parsed objects' estimated size).
+:data:`FREE_RATIO` times its own wire size at no charge; what it decodes to beyond that is paid
+from a bucket of :data:`BURST` bytes refilled at :data:`REFILL` bytes per second. A server's
+sessions share one bucket (a peer opening many sessions gets no more than one; a client's
+sessions have one each). Once the bucket is empty the session that drew on it stops reading
+until it has refilled (at most :data:`MAX_PAUSE` at a time): the peer's messages wait in its own
+flow control, nothing is dropped, and highly compressible data is slowed to REFILL per second of
+excess instead of failing.
+
+Why these numbers. Decoding costs ~1-2.5 ns per byte produced (zstd, Brotli, and making the
+str), so FREE_RATIO bounds the CPU a received byte can cost at ~0.1-0.2 us, a few times what a
+plain message costs per byte. Honest session-context zstd averages ~20x on agent traffic, but a
+message that resends a long history or a JSON snapshot reaches thousands (a 208 KB snapshot in
+~50 bytes): that comes from the bucket, and REFILL lets a server decode ~128 MiB/s of it, ~0.2-0.3
+of a core at worst (150 such snapshots: 30 MiB, within BURST). What a server's sessions can make
+it decode is then ``FREE_RATIO`` x their bytes + ``BURST`` + ``REFILL`` per second. The charge is
+the decoded content's bytes (``Message.original_bytes``): parsing JSON costs in proportion to its
+text, and the inbox bounds what the parsed value holds (max_queue_bytes).
 """
 
 from __future__ import annotations
@@ -23,9 +32,9 @@ from m2mwire.codecs.limits import MiB
 
 __all__ = ["BURST", "FREE_RATIO", "MAX_PAUSE", "REFILL", "DecodeBudget"]
 
-FREE_RATIO: Final = 1024
-BURST: Final = 64 * MiB
-REFILL: Final = 16 * MiB
+FREE_RATIO: Final = 64
+BURST: Final = 256 * MiB
+REFILL: Final = 128 * MiB
 #: The longest one pause lasts, whatever is owed (a JSON message's cost counts its parsed objects,
 #: up to ~24 x its text): while we do not read, the peer's PINGs wait, and a peer declares us gone
 #: after ping_interval + max_missed_pongs x pong_timeout (20 s by default). What is still owed

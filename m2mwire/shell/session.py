@@ -144,8 +144,8 @@ class Session:
         # each held ~3 GB of a server (stop 31's attack run). Held, they cost their wire bytes:
         # at most one transport read. A loss of the channel drops them (see _on_transport_closed).
         self._held: deque[tuple[bytes, bool]] = deque()
-        # What the peer makes us decode beyond FREE_RATIO x its bytes (session/budget.py): reading
-        # stops while _throttle waits for the bucket to refill.
+        # What the peer makes us decode beyond FREE_RATIO x its bytes (session/budget.py; a
+        # server's sessions share the server's): reading stops while _throttle waits for refill.
         self._budget = DecodeBudget(self._loop.time())
         self._throttle: asyncio.TimerHandle | None = None
         # What recv() took (inbox cost) since it last waited: it gives the loop a turn past
@@ -1076,8 +1076,10 @@ class Session:
                     proto.ack_queued = False
                     self._writer_wakeup.set()
                 cost = message.decoded_bytes or queued_cost(message)
-                if cost > FREE_RATIO * len(data):  # DecodeBudget.charge's test, inline: most never
-                    self._charge(len(data), cost)
+                # The decoded content's bytes, not the inbox cost (which counts parsed JSON at up
+                # to 24x its text): decoding costs CPU in proportion to what it produces.
+                if message.original_bytes > FREE_RATIO * len(data):  # DecodeBudget.charge's test
+                    self._charge(len(data), message.original_bytes)
                 correlator = self._correlator
                 if message.reply_to is not None:  # an answer to one of our requests
                     correlator.route(message)
@@ -1270,10 +1272,13 @@ class ServerSide:
         protocol: SessionProtocol,
         admission: Admission,
         resumer: Callable[[ServerSide, ResumeRequested], None],
+        budget: DecodeBudget | None = None,
     ) -> None:
         session = Session(channel, protocol)
         session._admission = admission
         session._resumer = functools.partial(resumer, self)
+        if budget is not None:  # the server's: its sessions share one (session/budget.py)
+            session._budget = budget
         self._session = session
 
     @property

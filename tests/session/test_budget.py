@@ -37,9 +37,10 @@ def test_the_bucket_refills_only_up_to_the_burst() -> None:
 
 
 def test_one_pause_lasts_at_most_max_pause_and_the_rest_is_still_owed() -> None:
-    """A JSON message's cost counts its parsed objects (up to ~24 x its text): one that owes
-    384 MiB paused reading for 24 s, past the 20 s after which a peer declares us gone."""
+    """One message can owe far more than a pause repays (max_payload can be set large): a pause
+    of 24 s went past the 20 s after which a peer declares us gone."""
     budget = DecodeBudget(0.0)
-    assert budget.charge(300, 384 * MiB + BURST, 0.0) == MAX_PAUSE
+    owed = 3 * MAX_PAUSE * REFILL  # three pauses' worth
+    assert budget.charge(1, int(BURST + owed) + FREE_RATIO, 0.0) == MAX_PAUSE
     assert budget.charge(1000, 1000, MAX_PAUSE) == 0.0  # within the free ratio: never charged
     assert budget.charge(1, MiB, MAX_PAUSE) == MAX_PAUSE  # still owed: the next excess pauses again
