@@ -171,7 +171,7 @@ def select_algorithm(
     is preferred for chat-API JSON and Brotli for large, highly repetitive content. Content that is not
     JSON never gets T1 or m2m; prefix-like content never gets NONE; content of more than
     TOKENNATIVE_AUTO_MAX characters never gets TokenNative (NONE instead, allowed or not, when
-    nothing else is allowed). Nothing is tokenized; at most one zlib
+    nothing else is allowed; EncodeError for prefix-like content). Nothing is tokenized; at most one zlib
     level-1 pass is made (``optimize="tokens"``, content of 1 KB or more). Raises :class:`EncodeError`
     when no allowed algorithm can carry the content.
     """
@@ -184,7 +184,7 @@ def select_algorithm(
         candidates = tuple(a for a in candidates if a is not Algorithm.NONE)
     order = _bytes_order(content) if optimize == "bytes" else _tokens_order(content)
     json_ok: bool | None = None
-    too_long = not prefix_like and len(content) > TOKENNATIVE_AUTO_MAX
+    too_long = len(content) > TOKENNATIVE_AUTO_MAX
     for alg in order:
         if alg not in candidates:
             continue
@@ -197,7 +197,15 @@ def select_algorithm(
                 continue
         return alg
     if too_long and Algorithm.TOKENNATIVE in candidates:
-        return Algorithm.NONE
+        if not prefix_like:
+            return Algorithm.NONE
+        # Exempt, content that starts like a prefix made the cap moot: an attacker adds 4 bytes.
+        raise EncodeError(
+            f"this content starts like an M2M prefix, so it cannot go as plain text, and at "
+            f"{len(content)} characters it is over the {TOKENNATIVE_AUTO_MAX} that automatic "
+            "selection tokenizes: pass algorithm='tokennative' to tokenize it anyway, or offer "
+            "brotli"
+        )
     detail = " (it starts like an M2M prefix, so NONE cannot carry it)" if prefix_like else ""
     if Algorithm.TOKEN in candidates:
         detail += " (T1 needs JSON content)"
