@@ -175,6 +175,7 @@ class SessionProtocol:
         # PONGs in a row while our retention buffer was full, and the acknowledged count then.
         self._full_pongs = 0
         self._full_pong_acked = -1
+        self._last_pinged = 0.0  # when our last PING went out (see _ping_due)
         self._ping_sent_at: float | None = None
         self._closed_error: M2MError | None = None  # why we started closing, if not the app's close()
         self._closing: tuple[str, str] = (SessionCode.NORMAL, "")  # the code and text of our CLOSE
@@ -706,7 +707,7 @@ class SessionProtocol:
                 )
                 return
             self._ping(now)
-        elif self._pong_deadline is None and now >= self._last_received + t.ping_interval:
+        elif self._pong_deadline is None and now >= self._ping_due(t.ping_interval):
             self._ping(now)
         if t.session_timeout is not None and now >= self._last_data + t.session_timeout:
             err = SessionTimeout(f"no DATA for {t.session_timeout:g} s (session_timeout)")
@@ -734,7 +735,7 @@ class SessionProtocol:
             # the per-message case: only the ping (or pong) and session deadlines are armed
             ping = self._pong_deadline
             if ping is None:
-                ping = self._last_received + t.ping_interval
+                ping = self._ping_due(t.ping_interval)
             if t.session_timeout is None:
                 return ping
             session = self._last_data + t.session_timeout
@@ -746,7 +747,7 @@ class SessionProtocol:
             if self._pong_deadline is not None:
                 candidates.append(self._pong_deadline)
             else:
-                candidates.append(self._last_received + t.ping_interval)
+                candidates.append(self._ping_due(t.ping_interval))
             if t.session_timeout is not None:
                 candidates.append(self._last_data + t.session_timeout)
         return min(candidates) if candidates else None
@@ -1376,10 +1377,23 @@ class SessionProtocol:
         by_algorithm = s.by_algorithm
         by_algorithm[key] = by_algorithm.get(key, 0) + 1
 
+    def _ping_due(self, interval: float) -> float:
+        """When the next PING goes out: ``interval`` after the last message received, and while
+        our retention buffer is full, also ``interval`` after our last PING. A peer that keeps
+        talking never lets the first come due, and the PONGs are what tells a peer that
+        acknowledges nothing (_check_acknowledging): one that sent a DATA every 9 s kept our
+        send() waiting for good (stop 32's review)."""
+        due = self._last_received + interval
+        r = self.resume
+        if r is not None and r.retained_bytes >= r.buffer_bytes:  # .full, inline
+            pinged = self._last_pinged + interval
+            return pinged if pinged < due else due
+        return due
+
     def _ping(self, now: float) -> None:
         self._send_text(encode_message(MessageType.PING, session_id=self._session_id))
         self._pong_deadline = now + self.config.timers.pong_timeout
-        self._ping_sent_at = now
+        self._ping_sent_at = self._last_pinged = now
 
     def _send_text(self, text: bytes) -> None:
         self._queue_output(SendMessage(text))

@@ -768,31 +768,37 @@ def test_a_resuming_peers_count_is_released_once_not_walked_again_per_resume() -
     assert state.to_resend == 50 and state.next_replayed() == (b"x" * 100,)
 
 
-@pytest.mark.parametrize("acknowledging", [True, False])
-def test_a_peer_that_answers_pings_but_never_acknowledges_is_dropped(acknowledging: bool) -> None:
+@pytest.mark.parametrize(("acknowledging", "talking"), [(True, False), (False, False), (False, True)])
+def test_a_peer_that_answers_pings_but_never_acknowledges_is_dropped(
+    acknowledging: bool, talking: bool
+) -> None:
     """A server that took every DATA message, answered every PING and never sent an ACK kept a
     client's send() waiting for good once its retention buffer was full, the session alive
     (stop 32's attack run). A PONG comes after every message retained, so the peer has them
     all, and every version of §9 acknowledges by then: ACK_WAIT_PONGS such PONGs with no
-    acknowledgement between them end the session INVALID_ACK."""
+    acknowledgement between them end the session INVALID_ACK. ``talking``: the peer also sends
+    a DATA message within every ping_interval, which postponed our PINGs for good (the review
+    of the fix): while the buffer is full we PING on our own clock too."""
     client, server = established(client_cfg=cfg(resume=True, resume_buffer_bytes=4000))
     assert client.resume is not None
     while not client.resume.full:
         client.send("x" * 500, 1.0)
     now = 1.0
     ping_interval = client.config.timers.ping_interval
-    for _ in range(ACK_WAIT_PONGS + 1):  # bounded: one PING round each
+    for i in range(ACK_WAIT_PONGS + 2):  # bounded: one PING round each
         for out in client.data_to_send():  # DATA, then the PING
             assert isinstance(out, SendMessage)
             receive(server, out, now)
+        if talking:
+            server.send(f"still here {i}", now)
         for out in server.data_to_send():  # PONG, and ACKs unless the peer withholds them
             assert isinstance(out, SendMessage)
-            if acknowledging or json.loads(out.message)["type"] != "ACK":
-                receive(client, out, now)
+            if acknowledging or not out.text or json.loads(out.message)["type"] != "ACK":
+                receive(client, out, now + ping_interval * 0.9)
         if client.state is not State.ESTABLISHED or not client.resume.full:
             break
         now += ping_interval
-        client.handle_timer(now)  # nothing received for ping_interval: a PING
+        client.handle_timer(now)  # a PING: nothing received for ping_interval, or none sent for it
     if acknowledging:
         assert client.state is State.ESTABLISHED and not client.resume.full
     else:
