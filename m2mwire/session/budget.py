@@ -13,15 +13,23 @@ until it has refilled (at most :data:`MAX_PAUSE` at a time): the peer's messages
 flow control, nothing is dropped, and highly compressible data is slowed to REFILL per second of
 excess instead of failing.
 
-Why these numbers. Decoding costs ~1-2.5 ns per byte produced (zstd, Brotli, and making the
-str), so FREE_RATIO bounds the CPU a received byte can cost at ~0.1-0.2 us, a few times what a
-plain message costs per byte. Honest session-context zstd averages ~20x on agent traffic, but a
-message that resends a long history or a JSON snapshot reaches thousands (a 208 KB snapshot in
-~50 bytes): that comes from the bucket, and REFILL lets a server decode ~128 MiB/s of it, ~0.2-0.3
-of a core at worst (150 such snapshots: 30 MiB, within BURST). What a server's sessions can make
-it decode is then ``FREE_RATIO`` x their bytes + ``BURST`` + ``REFILL`` per second. The charge is
-the decoded content's bytes (``Message.original_bytes``): parsing JSON costs in proportion to its
-text, and the inbox bounds what the parsed value holds (max_queue_bytes).
+Why these numbers. Decoding costs ~1-2.5 ns per byte produced (zstd, Brotli), and making the
+str and checking it about as much again, so FREE_RATIO bounds the CPU a received byte can cost
+at ~0.1-0.3 us, a few times what a plain message costs per byte. Honest session-context zstd
+averages ~20x on agent traffic, but a message that resends a long history or a JSON snapshot
+reaches thousands (a 190 KB snapshot in ~50 bytes): that comes from the bucket, whose BURST holds
+~700 such snapshots at once. REFILL bounds what a whole server decodes past the free ratio: a
+peer that sent 3 s of 16 MiB Brotli messages and left kept a server at 0.32 of a core at
+128 MiB/s (measured), ~0.08 at 32 MiB/s, a core and more before the budget. What a server's
+sessions can make it decode is then ``FREE_RATIO`` x their bytes + ``BURST`` + ``REFILL`` per
+second. The charge is the decoded content's bytes (``Message.original_bytes``): parsing JSON
+costs in proportion to its text, and the inbox bounds what the parsed value holds.
+
+What it does not do: a paused session does not read, so a peer that sent such messages and left
+is noticed only once what it sent before leaving (in our socket buffer) has been decoded, at the
+bucket's pace: REFILL's CPU for as long as that lasts. And a pause lasts at most MAX_PAUSE, so
+once the shared bucket owes more than MAX_PAUSE x REFILL (tens of sessions sending such messages
+at once) each paused session decodes one message per MAX_PAUSE.
 """
 
 from __future__ import annotations
@@ -33,8 +41,8 @@ from m2mwire.codecs.limits import MiB
 __all__ = ["BURST", "FREE_RATIO", "MAX_PAUSE", "REFILL", "DecodeBudget"]
 
 FREE_RATIO: Final = 64
-BURST: Final = 256 * MiB
-REFILL: Final = 128 * MiB
+BURST: Final = 128 * MiB
+REFILL: Final = 32 * MiB
 #: The longest one pause lasts, whatever is owed (a JSON message's cost counts its parsed objects,
 #: up to ~24 x its text): while we do not read, the peer's PINGs wait, and a peer declares us gone
 #: after ping_interval + max_missed_pongs x pong_timeout (20 s by default). What is still owed
