@@ -143,16 +143,24 @@ async def test_max_queue_bytes_bounds_the_inbox_in_bytes(memory_scheme: str) -> 
         assert got == [f"{i:02d}{big}" for i in range(40)]
 
 
-async def test_a_cancelled_send_still_delivers_its_message_whole_and_once(memory_scheme: str) -> None:
-    start_reading = asyncio.Event()
-    received: list[str] = []
+def reader_after(start: asyncio.Event, received: list[str]) -> Callable[[Session], Awaitable[None]]:
+    """A handler that reads nothing until ``start`` is set, then records every message's text
+    until "after"."""
 
-    async def slow_reader(session: Session) -> None:
-        await start_reading.wait()
+    async def handler(session: Session) -> None:
+        await start.wait()
         async for message in session:
             received.append(message.text or "")
             if message.text == "after":
                 return
+
+    return handler
+
+
+async def test_a_cancelled_send_still_delivers_its_message_whole_and_once(memory_scheme: str) -> None:
+    start_reading = asyncio.Event()
+    received: list[str] = []
+    slow_reader = reader_after(start_reading, received)
 
     async with running(memory_scheme, slow_reader, max_queue=1) as server, connect(server.url) as client:
         sent: list[str] = []
@@ -183,13 +191,7 @@ async def test_a_send_after_a_cancelled_one_does_not_overtake_it(memory_scheme: 
     it overtaking)."""
     start_reading = asyncio.Event()
     received: list[str] = []
-
-    async def slow_reader(session: Session) -> None:
-        await start_reading.wait()
-        async for message in session:
-            received.append(message.text or "")
-            if message.text == "after":
-                return
+    slow_reader = reader_after(start_reading, received)
 
     async with running(memory_scheme, slow_reader, max_queue=1) as server, connect(server.url) as client:
         sent: list[str] = []
