@@ -6,6 +6,7 @@ Each test reproduces one finding over real loopback transports and failed before
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import json
 import logging
@@ -643,6 +644,38 @@ async def test_a_peer_offering_only_tokennative_does_not_get_long_echoes_tokeniz
             await client.send(text)
             reply = await asyncio.wait_for(client.recv(), 10)
     assert reply.text == text and reply.algorithm == "none"  # the old code: tokennative
+
+
+async def test_a_session_whose_decoding_would_wait_past_max_pause_is_closed() -> None:
+    """A pause lasts at most MAX_PAUSE (the peer's PINGs wait meanwhile). Capped there, it let
+    each paused session decode one more message per pause however much the server's bucket
+    owed: session after session of 16 MiB messages kept ~0.4 core for 16 s after the peer left
+    (stop 32's measurement). A session whose message leaves more than MAX_PAUSE of refill owed
+    is closed MESSAGE_TOO_BIG instead, and what it held is dropped undecoded."""
+    from m2mwire.session.budget import BURST, MAX_PAUSE, REFILL, DecodeBudget
+
+    ended: list[str] = []
+    taken = [0]
+
+    async def sink(session: Session) -> None:
+        with contextlib.suppress(M2MError):  # the raw peer never acknowledges: close_timeout
+            async for _ in session:
+                taken[0] += 1
+        ended.append(session.close_event.code if session.close_event else "?")
+
+    loop = asyncio.get_running_loop()
+    async with serve(sink, "ws://127.0.0.1:0", timers={"close_timeout": 1.0}) as server:
+        owing = DecodeBudget(loop.time())  # other peers' messages left it owing 10 s of refill
+        owing.charge(1, BURST + int(2 * MAX_PAUSE * REFILL), loop.time())
+        server._budget = owing
+        async with zstd_client(server.port, 8 << 20, 4) as (_reader, writer, blob):
+            writer.write(blob)
+            await writer.drain()
+            async with asyncio.timeout(10):
+                while not ended:
+                    await asyncio.sleep(0.02)
+    assert ended == ["MESSAGE_TOO_BIG"]  # the old code: paced, 4 taken, one per MAX_PAUSE
+    assert taken[0] <= 1
 
 
 async def test_resending_a_json_snapshot_through_zstd_is_not_paced() -> None:

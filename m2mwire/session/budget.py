@@ -27,9 +27,7 @@ costs in proportion to its text, and the inbox bounds what the parsed value hold
 
 What it does not do: a paused session does not read, so a peer that sent such messages and left
 is noticed only once what it sent before leaving (in our socket buffer) has been decoded, at the
-bucket's pace: REFILL's CPU for as long as that lasts. And a pause lasts at most MAX_PAUSE, so
-once the shared bucket owes more than MAX_PAUSE x REFILL (tens of sessions sending such messages
-at once) each paused session decodes one message per MAX_PAUSE.
+bucket's pace, or once its session is closed for owing more than MAX_PAUSE of refill.
 """
 
 from __future__ import annotations
@@ -43,10 +41,12 @@ __all__ = ["BURST", "FREE_RATIO", "MAX_PAUSE", "REFILL", "DecodeBudget"]
 FREE_RATIO: Final = 64
 BURST: Final = 128 * MiB
 REFILL: Final = 32 * MiB
-#: The longest one pause lasts, whatever is owed (a JSON message's cost counts its parsed objects,
-#: up to ~24 x its text): while we do not read, the peer's PINGs wait, and a peer declares us gone
-#: after ping_interval + max_missed_pongs x pong_timeout (20 s by default). What is still owed
-#: then pauses reading again at the next message that decodes past FREE_RATIO.
+#: The longest a session pauses: while it does not read, its peer's PINGs wait, and a peer
+#: declares it gone max_missed_pongs x pong_timeout (10 s by default) after a PING. A session
+#: whose message leaves the bucket owing more than MAX_PAUSE of refill is closed instead
+#: (MESSAGE_TOO_BIG), and what it held is dropped undecoded: the server receives such messages
+#: faster than it decodes them. Capping the pause instead let each paused session decode one
+#: more message per pause (stop 32: 91 sessions of 4 messages each kept ~0.4 core for 16 s).
 MAX_PAUSE: Final = 5.0
 
 
@@ -61,10 +61,11 @@ class DecodeBudget:
 
     def charge(self, wire: int, decoded: int, now: float) -> float:
         """A message of ``wire`` bytes decoded to ``decoded``: the seconds to stop reading for
-        (0.0: go on). Cheap for the usual message, whose excess is none."""
+        (0.0: go on; more than MAX_PAUSE: the shell closes the session instead). Cheap for the
+        usual message, whose excess is none."""
         excess = decoded - FREE_RATIO * wire
         if excess <= 0:
             return 0.0
         credit = min(float(BURST), self._credit + REFILL * (now - self._at)) - excess
         self._credit, self._at = credit, now
-        return min(-credit / REFILL, MAX_PAUSE) if credit < 0 else 0.0
+        return -credit / REFILL if credit < 0 else 0.0

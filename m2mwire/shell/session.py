@@ -34,7 +34,7 @@ from m2mwire.errors import (
 )
 from m2mwire.reconnect import Reconnect
 from m2mwire.schemas.codes import CloseCode, SessionCode
-from m2mwire.session.budget import FREE_RATIO, DecodeBudget
+from m2mwire.session.budget import FREE_RATIO, MAX_PAUSE, REFILL, DecodeBudget
 from m2mwire.session.core import SessionProtocol
 from m2mwire.session.events import (
     Closed,
@@ -1134,6 +1134,9 @@ class Session:
         """A message of ``wire`` bytes decoded to more than FREE_RATIO times that: stop reading
         while the decode budget refills (session/budget.py)."""
         pause = self._budget.charge(wire, decoded, self._loop.time())
+        if pause > MAX_PAUSE:
+            self._decode_overloaded()
+            return
         if pause > 0 and self._throttle is None:
             # Jittered (+0-25 %): sessions paused by one empty bucket would otherwise all resume
             # in the same loop turn, each decoding a message at once (40 peers' 16 MiB messages:
@@ -1141,6 +1144,24 @@ class Session:
             pause *= 1.0 + 0.25 * random.random()
             self._throttle = self._loop.call_later(pause, self._end_throttle)
             self._update_reading()
+
+    def _decode_overloaded(self) -> None:
+        """The server's decode budget owes more than MAX_PAUSE of refill: close this session
+        (session/budget.py). What it holds, and DATA that still arrives, is dropped undecoded."""
+        if self._closing or self._closed.is_set():
+            return
+        self._closing = True
+        self._held.clear()
+        self._protocol.close(
+            self._loop.time(),
+            f"messages decoding to more than {FREE_RATIO}x their size arrive faster than they can be "
+            f"decoded here ({REFILL >> 20} MiB/s past that, all sessions together)",
+            code=SessionCode.MESSAGE_TOO_BIG,
+        )
+        self._protocol.discard_data()
+        self._after_protocol_step()
+        self._update_reading()  # closing reads on, for the acknowledgement
+        self._writer_wakeup.set()
 
     def _end_throttle(self) -> None:
         self._throttle = None
