@@ -9,9 +9,9 @@ session of that server waiting (stop 32's attack run). So each received message 
 from a bucket of :data:`BURST` bytes refilled at :data:`REFILL` bytes per second. A server's
 sessions share one bucket (a peer opening many sessions gets no more than one; a client's
 sessions have one each). Once the bucket is empty the session that drew on it stops reading
-until it has refilled (at most :data:`MAX_PAUSE` at a time): the peer's messages wait in its own
-flow control, nothing is dropped, and highly compressible data is slowed to REFILL per second of
-excess instead of failing.
+until it has refilled: the peer's messages wait in its own flow control, nothing is dropped, and
+highly compressible data is slowed to REFILL per second of excess instead of failing. A session
+that would have to wait more than :data:`MAX_PAUSE` is closed instead (see there).
 
 Why these numbers. Decoding costs ~1-2.5 ns per byte produced (zstd, Brotli), and making the
 str and checking it about as much again, so FREE_RATIO bounds the CPU a received byte can cost
