@@ -248,9 +248,12 @@ async def test_a_message_the_session_fails_to_process_ends_it_with_internal_erro
     """A bug while processing a message ended the session with a TransportError that named no
     cause, and with resume it only detached: the peer sent the same message again after each
     resume, and it failed again until max_elapsed (stop 32's review). It now ends the session
-    for good, INTERNAL_ERROR, with the exception as the cause."""
+    for good, INTERNAL_ERROR, with the exception as the cause, and tells the peer so: the peer
+    saw only a lost connection and, with resume, waited out resume_window (stop 33)."""
+    server_side: asyncio.Future[Session] = asyncio.get_running_loop().create_future()
 
     async def echo(session: Session) -> None:
+        server_side.set_result(session)
         async for message in session:
             await session.send(message.text or "")
 
@@ -272,6 +275,12 @@ async def test_a_message_the_session_fails_to_process_ends_it_with_internal_erro
         assert caught.value.code == "INTERNAL_ERROR"
         assert isinstance(caught.value.__cause__, RuntimeError) and "RuntimeError: boom" in str(caught.value)
         assert session.stats.reconnects == 0
+        peer = await server_side
+        await asyncio.wait_for(peer.wait_closed(), 5)  # the old code: detached for resume_window
+        assert peer.close_event is not None and peer.close_event.by_peer
+        assert peer.close_event.code == "INTERNAL_ERROR" and "boom" not in peer.close_event.reason
+        lost = channel_of(session).lost
+        assert lost is not None and lost.clean and lost.code == 1011
 
 
 async def test_close_handshake_codes(memory_scheme: str) -> None:

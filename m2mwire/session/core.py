@@ -636,7 +636,16 @@ class SessionProtocol:
         # Without its traceback, whose frames would keep the session alive (see closed_error);
         # the shell logged it whole.
         err.__cause__ = cause.with_traceback(None)
-        self._finish(Closed(SessionCode.INTERNAL_ERROR, str(err), by_peer=False, error=err), None)
+        # Tell the peer, as a failing handler does (CLOSE INTERNAL_ERROR, then the transport's
+        # 1011): it saw only a lost connection, and with resume waited out resume_window for a
+        # session that had ended. The cause stays here: its text is ours, not the peer's business.
+        self._tell_peer(
+            SessionCode.INTERNAL_ERROR,
+            "the peer failed to process a message (a bug in m2mwire; the peer's log has the traceback)",
+        )
+        self._finish(
+            Closed(SessionCode.INTERNAL_ERROR, str(err), by_peer=False, error=err), CloseCode.INTERNAL_ERROR
+        )
 
     def transport_closed(self, error: M2MError | None = None, now: float | None = None) -> None:
         """The channel underneath is gone (peer vanished, connection lost, orderly transport close).
@@ -1469,6 +1478,12 @@ class SessionProtocol:
     def _fail(self, err: M2MError, code: str, close_code: int) -> None:
         """The peer broke the rules: tell it why (REJECT before a session exists, else CLOSE), then end."""
         reason = _bounded(str(err))
+        self._tell_peer(code, reason)
+        log.warning("session %s: %s: %s", self._session_id or "-", code, reason)
+        self._finish(Closed(code, reason, by_peer=False, error=err), close_code)
+
+    def _tell_peer(self, code: str, reason: str) -> None:
+        """Before ending the session: say why, by REJECT before a session exists, else by CLOSE."""
         if self.state is State.INITIAL and self.role is Role.SERVER:
             self._send_text(
                 encode_message(
@@ -1477,8 +1492,6 @@ class SessionProtocol:
             )
         elif self.state in (State.ESTABLISHED, State.CLOSE_RECEIVED, State.CLOSING, State.HELLO_SENT):
             self._send_close(code, reason)
-        log.warning("session %s: %s: %s", self._session_id or "-", code, reason)
-        self._finish(Closed(code, reason, by_peer=False, error=err), close_code)
 
     def _warn(self, now: float, message: str, *args: object) -> None:
         """log.warning, at most once per WARNING_INTERVAL for this session (counting the rest)."""

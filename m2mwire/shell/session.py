@@ -1108,12 +1108,11 @@ class Session:
                 self._update_reading()  # only then can it change anything
         except Exception as exc:  # a bug must not leave the application waiting forever
             log.exception("session failed to process a message")
-            # The session ends first, so the channel's loss (reported during abort() by some
-            # transports, later by others) finds it ended: the same error on every transport.
+            # Ended for good, the peer told (CLOSE INTERNAL_ERROR, then the transport's close):
+            # the writer sends both, and the session's close_timeout bounds a write that blocks.
             self._protocol.internal_error(exc)
             self._after_protocol_step()
-            self._abort_channel()
-            self._on_transport_closed(TransportError("the session ended: internal error"))
+            self._writer_wakeup.set()
 
     def _inbox_full(self) -> bool:
         """The inbox and the replies waiting for their requests are at their bound (max_queue

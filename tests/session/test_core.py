@@ -884,3 +884,27 @@ def test_a_closing_session_told_to_discard_data_drops_it_undecoded(algorithm: Al
     c.acknowledge_close()
     pump(c, s)
     assert s.state is State.CLOSED and s.closed is not None and s.closed.code == "NORMAL"
+
+
+def test_internal_error_tells_the_peer_and_closes_the_transport_with_1011() -> None:
+    """A message the shell failed to process ends the session and tells the peer why (stop 33:
+    the peer saw only a lost connection), without the cause's text, which is ours."""
+    c, s = pair()
+    pump(c, s)
+    pump(s, c)
+    drain(c), drain(s)
+    c.internal_error(RuntimeError("secret detail"))
+    (closed,) = drain(c)
+    assert isinstance(closed, Closed) and closed.code == "INTERNAL_ERROR" and not closed.by_peer
+    assert isinstance(closed.error, SessionClosed) and isinstance(closed.error.__cause__, RuntimeError)
+    out = c.data_to_send()
+    first = out[0]
+    assert isinstance(first, SendMessage) and first.text and isinstance(first.message, bytes)
+    close = json.loads(first.message)
+    assert close["type"] == "CLOSE" and close["payload"]["reason"] == "INTERNAL_ERROR"
+    assert "secret" not in close["payload"]["message"]
+    assert out[-1] == CloseTransport(1011, "INTERNAL_ERROR")
+    assert s.receive_text(first.message, 0.0) is None
+    s.transport_closed()  # the 1011 that follows
+    (peer,) = [e for e in drain(s) if isinstance(e, Closed)]
+    assert peer.by_peer and peer.code == "INTERNAL_ERROR"
