@@ -89,7 +89,7 @@ def expected(role: Role, state: State, *, verdict_pending: bool, resuming: bool)
 # What a server takes before a HELLO without a word or a violation (docs/PROTOCOL.md §3): a PONG
 # (welcome at any time), an ACK (unexpected() ignores it) and a message of a type it does not know
 # (None: ignored in every state). A PING it answers; anything else ends the connection. A gateway
-# that routes a connection by its HELLO looks past these (shell/gateway.py);
+# that routes a connection by its HELLO looks past these (session/relay.py);
 # tests/session/test_states.py checks the set against the core.
 SILENT_BEFORE_HELLO: Final[frozenset[MessageType | None]] = frozenset({MessageType.PONG, _ACK, None})
 

@@ -13,7 +13,8 @@ message but for PINGs, which the gateway answers itself as a server would, and w
 ignores before a HELLO) and the worker's ACCEPT (its first answer but for PONGs), and remembers
 which worker accepted each resumable session (:class:`~m2mwire.shell.resume_routes.ResumeRoutes`);
 a new connection whose HELLO resumes a session it remembers is opened to that worker. The token is
-still checked by the worker, end to end.
+still checked by the worker, end to end. What the gateway must see of the session, and how it
+answers before the HELLO, are protocol rules: they live in :mod:`m2mwire.session.relay`.
 """
 
 from __future__ import annotations
@@ -23,22 +24,13 @@ import contextlib
 import logging
 import math
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
-from m2mwire.codecs.utf8 import check_utf8
-from m2mwire.errors import ConfigError, M2MError, ResumeImpossible, TransportError
+from m2mwire.errors import ConfigError, ResumeImpossible, TransportError
 from m2mwire.lifecycle import Listening
 from m2mwire.options import parse_url, valid_options
 from m2mwire.schemas.codes import CloseCode
-from m2mwire.schemas.messages import (
-    Capabilities,
-    Decoded,
-    MessageType,
-    ResumeCaps,
-    decode_message,
-    encode_message,
-)
 from m2mwire.session.config import (
     CONTROL_MESSAGE_LIMIT,
     DEFAULT_MAX_PAYLOAD,
@@ -46,9 +38,15 @@ from m2mwire.session.config import (
     Timers,
     transport_limit,
 )
-from m2mwire.session.states import SILENT_BEFORE_HELLO
+from m2mwire.session.relay import Opening, before_hello, is_close, resumed_session, server_answer
 from m2mwire.shell.resume_routes import ResumeRoutes
-from m2mwire.transport.base import Channel, Message, RoutedChannel, TransportConfig
+from m2mwire.transport.base import (
+    Channel,
+    Message,
+    RoutedChannel,
+    TransportConfig,
+    relayable_close_code,
+)
 from m2mwire.transport.nats.options import NATS_OPTIONS
 
 __all__ = ["Gateway", "gateway"]
@@ -63,35 +61,6 @@ _LISTEN_OPTIONS = _TRANSPORT_OPTIONS | {
     "write_timeout",
     "resume_window",
 }
-
-
-# The gateway looks past what a server takes silently before a HELLO (SILENT_BEFORE_HELLO) and
-# past PINGs for the client's HELLO, and past PINGs and PONGs for the worker's ACCEPT.
-_KEEPALIVE = frozenset({MessageType.PING, MessageType.PONG})
-# A CLOSE as m2mwire writes one: the pre-filter of _Pipe's check for the end of the session. A CLOSE
-# spelled with JSON escapes is missed, and its route only stays until resume_window, as a lost one.
-_CLOSE_TYPE = b'"CLOSE"'
-_CLOSE_MAX = 4096  # bytes; ours are under 1 KB (reasons are cut to 200 characters)
-
-
-def _resume_of(decoded: Decoded | None, kind: MessageType) -> ResumeCaps | None:
-    """The ``resume`` capabilities of a ``kind`` message (a resuming HELLO; an ACCEPT granting or
-    honouring resume), else None."""
-    caps = decoded.payload if decoded is not None and decoded.type is kind else None
-    return caps.resume if isinstance(caps, Capabilities) and isinstance(caps.resume, ResumeCaps) else None
-
-
-def _parsed(message: Message, text: bool) -> Decoded | None:
-    """``message`` parsed, when it is valid UTF-8 text of at most a control message's size (a
-    larger HELLO or ACCEPT is refused end to end anyway; anything else goes on to the far end,
-    which answers it as a direct peer would)."""
-    if not text or len(message) > CONTROL_MESSAGE_LIMIT:
-        return None
-    try:
-        check_utf8(message)
-        return decode_message(message)
-    except M2MError:
-        return None
 
 
 class Gateway(Listening):
@@ -150,12 +119,8 @@ class Gateway(Listening):
         ended = False
         try:
             outward = _Pipe(edge, write_timeout=self._write_timeout)
-
-            async def pong(ping: Decoded) -> None:
-                await edge.send(encode_message(MessageType.PONG, session_id=ping.session_id), True)
-
             try:
-                hello = await asyncio.wait_for(outward.opening(pong), self._hello_timeout)
+                hello = await asyncio.wait_for(outward.opening(edge), self._hello_timeout)
             except TimeoutError:
                 await _close_quietly(
                     edge, CloseCode.POLICY_VIOLATION, f"no HELLO within {self._hello_timeout:g} s"
@@ -165,8 +130,7 @@ class Gateway(Listening):
                 return  # gone while its PINGs were answered
             if hello is None:
                 return  # gone before saying anything but PINGs
-            asked = _resume_of(_parsed(*hello), MessageType.HELLO)
-            resumes = asked.session_id if asked is not None else None
+            resumes = resumed_session(*hello)
             route = self.routes.find(resumes) if resumes is not None else None
             inner = await self._open(edge, route)
             if inner is None:
@@ -176,20 +140,19 @@ class Gateway(Listening):
             def watch_answer(message: Message, text: bool) -> bool:
                 """The worker's first answer but for PONGs (to PINGs the client sent after its
                 HELLO, which a worker may answer before its ACCEPT while admission runs)."""
-                decoded = _parsed(message, text)
-                if decoded is not None and decoded.type in _KEEPALIVE:
-                    return False  # look at the next one
-                if decoded is not None and decoded.type is MessageType.ACCEPT:
+                answer = server_answer(message, text)
+                if answer is None:
+                    return False  # a keepalive: look at the next one
+                if answer.max_payload is not None:
                     # The session is established: the client may now send what it negotiated
                     # (at most what the gateway relays), as a direct server allows from its
                     # ACCEPT. Raised here, before the ACCEPT is queued for the client.
-                    edge.set_max_message_size(transport_limit(self._accepted_limit(decoded)))
-                granted = _resume_of(decoded, MessageType.ACCEPT) is not None
-                session_id = decoded.session_id if granted and decoded is not None else None
+                    limit = min(answer.max_payload, self._max) if answer.max_payload > 0 else self._max
+                    edge.set_max_message_size(transport_limit(limit))
                 route = bound.resume_route if isinstance(bound, RoutedChannel) else None
-                if session_id is not None and route is not None:
-                    accepted.append(session_id)
-                    self.routes.attach(session_id, route, task)
+                if answer.resumable is not None and route is not None:
+                    accepted.append(answer.resumable)
+                    self.routes.attach(answer.resumable, route, task)
                 return True
 
             answers = _Pipe(inner, watch_answer, write_timeout=self._write_timeout)
@@ -205,13 +168,6 @@ class Gateway(Listening):
             for session_id in accepted:
                 self.routes.detach(session_id, task, ended=ended)
             self._relays.discard(task)
-
-    def _accepted_limit(self, accept: Decoded) -> int:
-        """The max_payload an ACCEPT announces, capped at the gateway's own (0: none announced)."""
-        caps = accept.payload
-        announced: int = caps.compression.max_payload if isinstance(caps, Capabilities) else 0
-        limit: int = self._max
-        return min(announced, limit) if announced > 0 else limit
 
     async def _open(self, edge: Channel, route: str | None) -> Channel | None:
         """The NATS channel for a relay: to the worker at ``route`` (a session it holds is being
@@ -292,15 +248,6 @@ async def _pipe_both(one: _Pipe, two: _Pipe, a: Channel, b: Channel) -> None:
 _RELAY_QUEUE = 16  # messages taken from a push channel before it is paused
 
 
-def _sendable_close_code(code: int | None) -> bool:
-    """Whether ``code`` came in a peer's close frame and may go out in one: RFC 6455 section 7.4
-    reserves 1004-1006 and 1015 for reporting (1006 is how a lost connection is told), and 1000-2999
-    beyond the defined ones; 3000-4999 are applications'."""
-    return code is not None and (
-        (1000 <= code <= 1014 and code not in (1004, 1005, 1006)) or 3000 <= code <= 4999
-    )
-
-
 class _Pipe:
     """One direction of a relay: the messages of ``src`` in order, as (message, text), relayed as
     they came (a text message's UTF-8 is the endpoint's to check). Channels deliver from their
@@ -338,22 +285,20 @@ class _Pipe:
         self._ended.append(exc)
         self._wake.set()
 
-    async def opening(self, answer_ping: Callable[[Decoded], Awaitable[None]]) -> tuple[Message, bool] | None:
-        """The first message that a server would not ignore or answer with a PONG before a HELLO
-        (left in the queue), or None when ``src`` ended before one. The gateway routes by the
-        HELLO, so it answers those PINGs itself (``answer_ping``) and drops them, and what a
-        server ignores (PONG, ACK, an unknown type): the worker, reached after, never sees them."""
+    async def opening(self, back: Channel) -> tuple[Message, bool] | None:
+        """The first message to relay before a HELLO (left in the queue), or None when ``src``
+        ended before one. The gateway routes by the HELLO, so until then it does what a server
+        would (session/relay.py before_hello): PINGs are answered on ``back`` and dropped, what a
+        server ignores is dropped; the worker, reached after, never sees them."""
         queue = self._queue
         while True:
             while queue:
-                decoded = _parsed(*queue[0])
-                if decoded is None or not (
-                    decoded.type is MessageType.PING or decoded.type in SILENT_BEFORE_HELLO
-                ):
+                step, pong = before_hello(*queue[0])
+                if step is Opening.RELAY:
                     return queue[0]
                 self._take()
-                if decoded.type is MessageType.PING:
-                    await answer_ping(decoded)
+                if pong is not None:
+                    await back.send(pong, True)
             if self._ended:
                 return None
             self._wake.clear()
@@ -365,14 +310,6 @@ class _Pipe:
             self._paused = False
             self._src.resume_reading()
         return item
-
-    def _see_close(self, message: Message) -> None:
-        """Set ``closed`` if ``message`` (small text) is a CLOSE: a substring test first, so that
-        only a likely CLOSE is parsed."""
-        data = message if type(message) is bytes else bytes(message)
-        if _CLOSE_TYPE in data:
-            decoded = _parsed(data, True)
-            self.closed = decoded is not None and decoded.type is MessageType.CLOSE
 
     async def run(self, dst: Channel) -> None:
         """Hand every message to ``dst``; end ``dst`` the way ``src`` ended."""
@@ -395,14 +332,14 @@ class _Pipe:
                     self._src.abort()
                     dst.abort()
                     return
-                if text and not self.closed and len(message) <= _CLOSE_MAX:
-                    self._see_close(message)
+                if not self.closed and is_close(message, text):
+                    self.closed = True
             if self._ended:
                 end = self._ended[0]
                 # A close frame stays a close frame for the far peer, with its code and reason (a
                 # REJECT's 1002 as much as an orderly 1000: a client cannot tell the gateway from a
                 # direct server); a lost connection is lost there too.
-                if end.clean or _sendable_close_code(end.code):
+                if end.clean or relayable_close_code(end.code):
                     await _close_quietly(dst, end.code or CloseCode.NORMAL, end.reason or "")
                 else:
                     dst.abort()

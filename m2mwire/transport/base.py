@@ -29,6 +29,7 @@ __all__ = [
     "PushChannel",
     "RoutedChannel",
     "TransportConfig",
+    "relayable_close_code",
 ]
 
 # A received message: one ``bytes``, with a flag saying whether it is text (UTF-8, not yet
@@ -176,3 +177,14 @@ class Listener(Protocol):
     def close(self) -> None: ...
 
     async def wait_closed(self) -> None: ...
+
+
+def relayable_close_code(code: int | None) -> bool:
+    """Whether ``code``, from a peer's close, may be passed on in a close of the same meaning
+    (a relay ends its other side as the first ended): RFC 6455 section 7.4 reserves 1004-1006
+    and 1015 for reporting (1006 is how a lost connection is told), and 1000-2999 beyond the
+    defined ones; 3000-4999 are applications'. The session's close codes follow RFC 6455 on
+    every transport (schemas/codes.py CloseCode)."""
+    return code is not None and (
+        (1000 <= code <= 1014 and code not in (1004, 1005, 1006)) or 3000 <= code <= 4999
+    )
