@@ -176,6 +176,9 @@ class SessionProtocol:
         self._full_pongs = 0
         self._full_pong_acked = -1
         self._last_pinged = 0.0  # when our last PING went out (see _ping_due)
+        # Our last PING went out behind every DATA message we sent (none of a replay still to
+        # come after it): only its PONG says the peer received them all (_check_acknowledging).
+        self._ping_behind_data = False
         self._ping_sent_at: float | None = None
         self._closed_error: M2MError | None = None  # why we started closing, if not the app's close()
         self._closing: tuple[str, str] = (SessionCode.NORMAL, "")  # the code and text of our CLOSE
@@ -965,16 +968,18 @@ class SessionProtocol:
             self.stats.ping_rtt = now - self._ping_sent_at
             self._ping_sent_at = None
         r = self.resume
-        if r is not None and r.full and self.state is State.ESTABLISHED:
+        behind, self._ping_behind_data = self._ping_behind_data, False
+        if r is not None and r.full and behind and self.state is State.ESTABLISHED:
             self._check_acknowledging(r, now)
 
     def _check_acknowledging(self, r: ResumeState, now: float) -> None:
-        """A PONG while our retention buffer is full. The peer read our PING after every message
-        we retain (one ordered channel), so it received more than an eighth of our buffer, and
-        every version of this protocol acknowledges by then (§9). A peer that answers PINGs and
-        acknowledges nothing kept our send() waiting for good, the session alive (stop 32's
-        attack run): after ACK_WAIT_PONGS such PONGs with no acknowledgement between them, the
-        session ends INVALID_ACK (about ACK_WAIT_PONGS x ping_interval after it filled)."""
+        """A PONG while our retention buffer is full, to a PING sent behind every message we
+        retain (not during a replay). The peer read it after them (one ordered channel), so it
+        received more than an eighth of our buffer, and every version of this protocol
+        acknowledges by then (§9). A peer that answers PINGs and acknowledges nothing kept our
+        send() waiting for good, the session alive (stop 32's attack run): after ACK_WAIT_PONGS
+        such PONGs with no acknowledgement between them, the session ends INVALID_ACK (about
+        ACK_WAIT_PONGS x ping_interval after it filled)."""
         if r.acked != self._full_pong_acked:
             self._full_pong_acked, self._full_pongs = r.acked, 1
             return
@@ -1152,7 +1157,7 @@ class SessionProtocol:
             self._protocol_violation(str(exc), exc.code)
             return
         self._last_received = self._last_data = now
-        self._missed_pongs = 0
+        self._missed_pongs = self._full_pongs = 0  # a new connection: the PONGs count afresh
         self._pong_deadline = self._ping_sent_at = None
         self._on_resume()
         # The retained messages go out again one at a time, as the shell takes outputs
@@ -1401,6 +1406,9 @@ class SessionProtocol:
 
     def _ping(self, now: float) -> None:
         self._send_text(encode_message(MessageType.PING, session_id=self._session_id))
+        # Control messages go ahead of a replay's DATA (next_output): a PONG to a PING sent
+        # during one does not say the peer has the replayed messages, which it may not have read.
+        self._ping_behind_data = self._direct
         self._pong_deadline = now + self.config.timers.pong_timeout
         self._ping_sent_at = self._last_pinged = now
 

@@ -805,3 +805,49 @@ def test_a_peer_that_answers_pings_but_never_acknowledges_is_dropped(
         assert client.state is State.CLOSING
         (close,) = [json.loads(o.message) for o in client.data_to_send() if isinstance(o, SendMessage)]
         assert close["type"] == "CLOSE" and close["payload"]["reason"] == "INVALID_ACK"
+
+
+def test_pongs_to_pings_that_overtook_a_replay_do_not_count_as_withheld_acknowledgements() -> None:
+    """Control messages go ahead of a replay's DATA, so a PING sent while a replay is under way
+    (a slow link, a paced replay) reaches the peer before the replayed messages: its PONG does
+    not say the peer has them. Such PONGs counted towards INVALID_ACK, which then closed an
+    honest session whose replay was slow (stop 32's review; fixed in stop 33)."""
+    server_cfg = cfg(resume=True)
+    client, server = established(cfg(resume=True, resume_buffer_bytes=4000), server_cfg)
+    assert client.resume is not None
+    while not client.resume.full:
+        client.send("x" * 500, 1.0)
+    client.data_to_send()  # written into a connection that is then lost: the server has none
+    client.transport_closed(None, 2.0)
+    server.transport_closed(None, 2.0)
+    drain(client), drain(server)
+    resume_over_a_fresh_connection(client, server, server_cfg, 3.0)
+    _accept_payload(server, client, 3.0)
+    assert client.state is State.ESTABLISHED and client.resume.full  # the replay is to come
+    now = 3.0
+    for _ in range(ACK_WAIT_PONGS + 2):  # bounded: one PING round each; the replay never moves
+        now += client.config.timers.ping_interval
+        client.handle_timer(now)
+        ping = client.next_output()  # the PING, ahead of the replay
+        assert isinstance(ping, SendMessage) and json.loads(ping.message)["type"] == "PING"
+        receive(server, ping, now)
+        for out in server.data_to_send():
+            assert isinstance(out, SendMessage)
+            receive(client, out, now)
+        assert client.state is State.ESTABLISHED  # the old code: CLOSING, INVALID_ACK
+    # Once the replay is through, PINGs behind it count again (a withholding peer is still dropped).
+    replay = [o for o in client.data_to_send() if isinstance(o, SendMessage)]
+    assert len(replay) == client.resume.sent > 1
+    for _ in range(ACK_WAIT_PONGS + 1):
+        now += client.config.timers.ping_interval
+        client.handle_timer(now)
+        for out in client.data_to_send():
+            assert isinstance(out, SendMessage)
+            if out.text and json.loads(out.message)["type"] == "PING":
+                receive(server, out, now)  # the replayed DATA are lost: nothing to acknowledge
+        for out in server.data_to_send():
+            assert isinstance(out, SendMessage)
+            receive(client, out, now)
+        if client.state is not State.ESTABLISHED:
+            break
+    assert client.state is State.CLOSING
