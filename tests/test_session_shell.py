@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -234,11 +235,26 @@ async def test_a_connect_cancelled_after_its_handshake_ends_the_session(
         await asyncio.sleep(5)
 
     monkeypatch.setattr("m2mwire.shell.client.warm_tokenizers", slow_warm_up)
+    original_close = MemoryChannel.close
+
+    async def slow_close(self: MemoryChannel, *args: Any) -> None:
+        await asyncio.sleep(3)  # a transport whose close exchange takes its time
+        await original_close(self, *args)
+
+    monkeypatch.setattr(MemoryChannel, "close", slow_close)
     async with running(memory_scheme, handler) as server:
+        start = time.monotonic()
         with pytest.raises(TimeoutError):
             async with asyncio.timeout(0.3):
                 await connect(server.url)
-        await asyncio.wait_for(ended.wait(), 5)  # the old code: never
+        # The timeout is the caller's: the close goes on in the background (stop 33; it waited
+        # for the close exchange: 3.3 s here).
+        assert time.monotonic() - start < 2.0
+        await asyncio.wait_for(ended.wait(), 5)  # before stop 32: never
+        for _ in range(100):  # the server's own transport close is slow too
+            if not server.active_sessions:
+                break
+            await asyncio.sleep(0.1)
         assert server.active_sessions == 0
 
 

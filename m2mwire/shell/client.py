@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from collections.abc import Awaitable, Generator
 from types import TracebackType
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
     from m2mwire.transport.quic import QuicClientConnection
 
 __all__ = ["connect", "open_quic_connection"]
+
+# Sessions that a cancelled connect() is closing, referenced until closed (the event loop keeps
+# only weak references to tasks).
+_abandoned: set[asyncio.Task[None]] = set()
 
 
 async def _open_channel(
@@ -104,7 +109,11 @@ class connect:
             # end it, or its writer task and pings would keep it open at both ends, unreferenced.
             session._protocol.close(session._loop.time(), "connect() did not complete")
             session._after_protocol_step()
-            await session._shutdown()
+            # In a task of its own: the caller's timeout or cancel must not wait for the close
+            # exchange (up to close_timeout, and more for a peer that reads slowly).
+            task = asyncio.create_task(session._shutdown(), name="m2mwire-abandoned-connect")
+            _abandoned.add(task)
+            task.add_done_callback(_abandoned.discard)
             raise
         self._session = session
         return session
