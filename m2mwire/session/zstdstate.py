@@ -29,9 +29,23 @@ from m2mwire.codecs.zstdhistory import MAX_HEADER, HistoryContext
 from m2mwire.errors import DecodeError
 from m2mwire.schemas.messages import DataPayload, decode_data_bytes, encode_data, encode_data_bytes
 
-__all__ = ["ContentType", "ZstdMessage", "ZstdSessionState", "inner_message", "text_form_bound"]
+__all__ = [
+    "MAX_ENVELOPE",
+    "ContentType",
+    "ZstdMessage",
+    "ZstdSessionState",
+    "inner_message",
+    "text_form_bound",
+]
 
 _PREFIX_LEN = len(ZSTD_PREFIX)
+#: The longest envelope line a binary zstd message may carry, its line feed included. Ours are
+#: ~100 bytes, ~700 with a request's W3C trace context (tracestate: at most 512 characters).
+#: Without a bound, a ~600-byte message decompressing to a 16 MiB envelope of spaces cost ~35 ms
+#: to copy, hash and parse, and was charged nothing by the decode budget, which counts content
+#: (stop 33's attack run: one core held for 35 s by 724 KB). With it, an envelope costs at most
+#: ~16 us to parse, whatever the message's size.
+MAX_ENVELOPE = 16 * 1024
 
 
 def text_form_bound(size: int) -> int:
@@ -181,8 +195,14 @@ class ZstdSessionState:
         At most ``limit`` bytes are decompressed. Raises DecodeError, LimitExceeded or ProtocolError."""
         raw = self._decompress(frame, limit, 1)
         self.received_size = len(raw)
-        split = raw.find(b"\n") + 1  # compact JSON never holds a raw line feed: the envelope ends here
+        # Compact JSON never holds a raw line feed: the envelope ends at the first.
+        split = raw.find(b"\n", 0, MAX_ENVELOPE) + 1
         if not split:
+            if len(raw) >= MAX_ENVELOPE:
+                raise DecodeError(
+                    f"zstd binary message's envelope is longer than {MAX_ENVELOPE} bytes "
+                    "(docs/CODECS.md section 8)"
+                )
             raise DecodeError("zstd binary message holds no line feed between the envelope and the content")
         known = self._known.get(raw[:split])
         session_id: str | None

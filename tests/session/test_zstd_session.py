@@ -24,6 +24,7 @@ from m2mwire.session.events import Closed
 from m2mwire.session.outputs import SendMessage
 from m2mwire.session.payload import Message
 from m2mwire.session.states import Role, State
+from m2mwire.session.zstdstate import MAX_ENVELOPE
 from m2mwire.workloads import workload
 from tests.session.test_core import cfg, drain, pair, pump
 
@@ -493,3 +494,24 @@ def test_an_older_peer_gets_todays_per_direction_contexts(old: str) -> None:
     assert not c.info.zstd_history and not s.info.zstd_history
     _, _, kinds = _multi_turn_wire(c, s)
     assert kinds == {ZSTD_KIND}  # 0x5A, header-less payloads: what an older peer reads
+
+
+@pytest.mark.parametrize("history", [True, False])
+def test_an_envelope_line_past_max_envelope_is_refused_before_it_is_parsed(history: bool) -> None:
+    """A ~600-byte message whose envelope decompressed to 16 MiB of spaces cost ~35 ms to copy,
+    hash and parse, and the decode budget (which counts content) charged nothing: 724 KB held a
+    server's core for 35 s (stop 33's attack run). Envelopes are bounded (MAX_ENVELOPE)."""
+    zopts = ZstdOptions(history=history)
+    c, s = pair(cfg(algorithms=ZSTD_ALGS, zstd=zopts), cfg(algorithms=ZSTD_ALGS, zstd=zopts))
+    assert c._zstd is not None
+    envelope = c._zstd.envelope("text")
+    at_limit = envelope[:-2] + b" " * (MAX_ENVELOPE - len(envelope)) + b"}\n"
+    assert len(at_limit) == MAX_ENVELOPE
+    message = s.receive_binary(c._zstd.encode_binary(at_limit, "x"), 1.0)  # the longest allowed
+    assert message is not None and message.text == "x"
+    padded = envelope[:-2] + b" " * (1 << 20) + b"}\n"
+    frame = c._zstd.encode_binary(padded, "x")
+    assert len(frame) < 1024
+    assert s.receive_binary(frame, 1.0) is None
+    err = violation(s)
+    assert err.code == "INVALID_DATA" and f"longer than {MAX_ENVELOPE} bytes" in str(err)
