@@ -47,8 +47,10 @@ from m2mwire.codecs.avp import (
 )
 from m2mwire.codecs.kvcache import (
     KV_HEADER_SIZE,
+    MAX_KV_LAYERS,
     KVCache,
     KVLayers,
+    KVLayerView,
     build_kv_payload,
     encode_kv_cache,
     encode_kv_cache_parts,
@@ -78,6 +80,7 @@ __all__ = [
     "HEADER_SIZE",
     "KV_HEADER_SIZE",
     "MAGIC",
+    "MAX_KV_LAYERS",
     "MAX_PAYLOAD_LENGTH",
     "VERSION",
     "AVPHeader",
@@ -89,6 +92,7 @@ __all__ = [
     "DecodeError",
     "EncodeError",
     "KVCache",
+    "KVLayerView",
     "KVLayers",
     "LimitExceeded",
     "MetadataFields",

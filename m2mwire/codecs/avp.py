@@ -30,6 +30,7 @@ import numpy.typing as npt
 from m2mwire.codecs.avpframe import (
     DATA_TYPES,
     ITEMSIZE,
+    MAX_TENSOR_DIMS,
     MODES,
     PAYLOAD_TYPES,
     STORAGE_DTYPES,
@@ -494,6 +495,10 @@ def _decode_full(
         if pt == 0 and shape[0] * ITEMSIZE[dt] != len(payload):
             check_shape(shape, DATA_TYPES[dt], len(payload), DecodeError)
     else:
+        if ndims > MAX_TENSOR_DIMS:  # before the copy: a 64 KiB shape is 65,000 dimensions
+            raise DecodeError(
+                f"AVP tensor_shape has {ndims} dimensions, more than {MAX_TENSOR_DIMS} (MAX_TENSOR_DIMS)"
+            )
         shape = tuple(dims[:])
         if pt == 0:
             check_shape(shape, DATA_TYPES[dt], len(payload), DecodeError)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Final, TypeAlias, Unpack
+from typing import Any, Final, TypeAlias, Unpack, overload
 
 import numpy as np
 import numpy.typing as npt
@@ -37,7 +37,9 @@ from m2mwire.errors import DecodeError, EncodeError
 __all__ = [
     "KV_HEADER",
     "KV_HEADER_SIZE",
+    "MAX_KV_LAYERS",
     "KVCache",
+    "KVLayerView",
     "KVLayers",
     "build_kv_payload",
     "encode_kv_cache",
@@ -53,6 +55,40 @@ KV_HEADER: Final = struct.Struct("<IIIIB")
 KV_HEADER_SIZE: Final = 17
 _U32_MAX: Final = 0xFFFF_FFFF
 _KV_DTYPES: Final = (DataType.FLOAT32, DataType.FLOAT16, DataType.BFLOAT16)
+#: The most layers a KV-cache payload may declare (models have at most a few hundred). Stricter
+#: than the SDK: 4,194,299 layers of one float16 each make a valid 16 MiB payload that zstd
+#: carries in 566 bytes, and every per-layer step of a handler then ran 4 million times
+#: (stop 33's attack run: 9 s of a server's CPU and 1.6 GB for three such frames).
+MAX_KV_LAYERS: Final = 4096
+
+
+class KVLayerView(Sequence[tuple[npt.NDArray[Any], npt.NDArray[Any]]]):
+    """``(K_i, V_i)`` of each layer of a stacked ``[L, 2, H, S, D]`` array, each pair made when
+    it is asked for (a list made them all at each access of ``KVCache.layers``)."""
+
+    __slots__ = ("_stacked",)
+
+    def __init__(self, stacked: npt.NDArray[Any]) -> None:
+        self._stacked = stacked
+
+    def __len__(self) -> int:
+        return int(self._stacked.shape[0])
+
+    @overload
+    def __getitem__(self, index: int) -> tuple[npt.NDArray[Any], npt.NDArray[Any]]: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[tuple[npt.NDArray[Any], npt.NDArray[Any]]]: ...
+    def __getitem__(
+        self, index: int | slice
+    ) -> tuple[npt.NDArray[Any], npt.NDArray[Any]] | list[tuple[npt.NDArray[Any], npt.NDArray[Any]]]:
+        s = self._stacked
+        if isinstance(index, slice):
+            return [(s[i, 0], s[i, 1]) for i in range(*index.indices(len(self)))]
+        layer = s[index]  # IndexError past the end, negative indexes as a list's
+        return layer[0], layer[1]
+
+    def __repr__(self) -> str:
+        return f"KVLayerView({len(self)} layers)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,9 +108,9 @@ class KVCache:
     stacked: npt.NDArray[Any]
 
     @property
-    def layers(self) -> list[tuple[npt.NDArray[Any], npt.NDArray[Any]]]:
-        s = self.stacked
-        return [(s[i, 0], s[i, 1]) for i in range(self.num_layers)]
+    def layers(self) -> KVLayerView:
+        """``layers[i] == (K_i, V_i)``: a sequence whose pairs are views made when asked for."""
+        return KVLayerView(self.stacked)
 
     @property
     def nbytes(self) -> int:
@@ -109,6 +145,10 @@ def pack_kv_header(
     ):
         if not 0 <= value <= _U32_MAX:
             raise EncodeError(f"KV-cache {name}={value} does not fit the u32 header field")
+    if num_layers > MAX_KV_LAYERS:
+        raise EncodeError(
+            f"a KV cache of {num_layers} layers: AVP peers here take at most {MAX_KV_LAYERS} (MAX_KV_LAYERS)"
+        )
     return KV_HEADER.pack(num_layers, num_kv_heads, head_dim, seq_len, int(dt))
 
 
@@ -137,6 +177,10 @@ def parse_kv_payload(
     Sizes are checked (exact integers, no overflow) before any view is made.
     """
     layers, heads, head_dim, seq_len, dtype = unpack_kv_header(payload)
+    if layers > MAX_KV_LAYERS:
+        raise DecodeError(
+            f"KV-cache header declares {layers} layers, more than {MAX_KV_LAYERS} (MAX_KV_LAYERS)"
+        )
     if expected_dtype is not None and expected_dtype is not dtype:
         raise DecodeError(
             f"KV-cache header says {dtype.name} but the frame metadata says {expected_dtype.name}"
@@ -168,7 +212,7 @@ def _squeeze_batch(t: npt.NDArray[Any]) -> npt.NDArray[Any]:
 
 def _pairs(layers: KVLayers) -> list[tuple[npt.NDArray[Any], npt.NDArray[Any]]]:
     if isinstance(layers, KVCache):
-        return layers.layers
+        return list(layers.layers)
     if isinstance(layers, np.ndarray):
         arr = layers
         if arr.ndim == 6 and arr.shape[2] == 1:

@@ -563,11 +563,31 @@ def test_hidden_state_size_must_match_shape() -> None:
     meta = meta_bytes(tensor_shape=[3], payload_checksum=zlib.crc32(b"\x00" * 8))
     with pytest.raises(DecodeError, match="tensor_shape"):
         avp.decode(frame(0, meta, b"\x00" * 8))
-    huge = meta_bytes(tensor_shape=[2**32 - 1] * 50, payload_checksum=0)
+    huge = meta_bytes(tensor_shape=[2**32 - 1] * avpframe.MAX_TENSOR_DIMS, payload_checksum=0)
     with pytest.raises(DecodeError, match="more than 0 bytes"):
         avp.decode(frame(0, huge, b""))
     # KV frames: tensor_shape is not a payload shape (the SDK's all-fields vector has [1,2,3] on 2 bytes).
     assert avp.decode(SDK_ALL_FIELDS).payload.tobytes() == b"\x01\x02"
+
+
+@pytest.mark.parametrize("payload_type", [0, 1])
+def test_a_shape_of_more_than_max_tensor_dims_is_refused_both_ways(payload_type: int) -> None:
+    """65,000 dimensions of 1 (a 64 KiB shape) cost 2.5 ms per frame to check and copy, ~40x plain
+    traffic, and were held as tuples beyond what max_queue_bytes counted (stop 33's attack run)."""
+    most = avpframe.MAX_TENSOR_DIMS
+    ok = meta_bytes(
+        tensor_shape=[1] * most, payload_type=payload_type, payload_checksum=zlib.crc32(b"\x00" * 4)
+    )
+    flags = 4 if payload_type else 0
+    assert avp.decode(frame(flags, ok, b"\x00" * 4)).metadata.tensor_shape == (1,) * most
+    for dims in (most + 1, 65_000):
+        meta = meta_bytes(
+            tensor_shape=[1] * dims, payload_type=payload_type, payload_checksum=zlib.crc32(b"\x00" * 4)
+        )
+        with pytest.raises(DecodeError, match="MAX_TENSOR_DIMS"):
+            avp.decode(frame(flags, meta, b"\x00" * 4))
+    with pytest.raises(EncodeError, match="MAX_TENSOR_DIMS"):
+        avp.encode(np.zeros(1, np.float32), tensor_shape=[1] * (most + 1))
 
 
 def test_tensor_on_odd_sized_payload_without_shape() -> None:

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import struct
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import pytest
 
 from m2mwire import avp
+from m2mwire.codecs.kvcache import MAX_KV_LAYERS, KVLayerView
 from m2mwire.errors import DecodeError, EncodeError
 from m2mwire.schemas import avp_pb2
 
@@ -155,7 +157,7 @@ def test_metadata_overrides() -> None:
 def test_empty_layer_list() -> None:
     kv = avp.decode(avp.encode_kv_cache([])).kv_cache()
     assert kv.num_layers == 0
-    assert kv.layers == []
+    assert len(kv.layers) == 0 and list(kv.layers) == []
 
 
 @pytest.mark.parametrize(
@@ -215,7 +217,37 @@ def test_header_dtype_must_match_metadata_dtype() -> None:
 
 
 def test_huge_dimensions_fail_before_any_view() -> None:
-    payload = struct.pack("<IIIIB", 2**32 - 1, 2**32 - 1, 2**32 - 1, 2**32 - 1, 1)
+    payload = struct.pack("<IIIIB", MAX_KV_LAYERS, 2**32 - 1, 2**32 - 1, 2**32 - 1, 1)
     with pytest.raises(DecodeError, match="truncated"):
         avp.parse_kv_payload(payload)
     assert avp.kv_payload_size(2**32 - 1, 2**32 - 1, 2**32 - 1, 2**32 - 1, avp.DataType.FLOAT16) > 2**128
+
+
+def test_more_layers_than_max_kv_layers_are_refused_both_ways() -> None:
+    """4,194,299 layers of one float16 made a valid 16 MiB payload (566 bytes with zstd), and a
+    handler's ``for k, v in kv.layers`` then cost seconds and GBs (stop 33's attack run, F2)."""
+    layers = MAX_KV_LAYERS + 1
+    payload = struct.pack("<IIIIB", layers, 1, 1, 1, 1) + bytes(4 * layers)
+    with pytest.raises(DecodeError, match="MAX_KV_LAYERS"):
+        avp.parse_kv_payload(payload)
+    with pytest.raises(EncodeError, match="MAX_KV_LAYERS"):
+        avp.encode_kv_cache(np.zeros((layers, 2, 1, 1, 1), np.float16))
+    most = np.arange(MAX_KV_LAYERS * 2, dtype=np.float16).reshape(MAX_KV_LAYERS, 2, 1, 1, 1)
+    kv = avp.decode(avp.encode_kv_cache(most)).kv_cache()
+    assert kv.num_layers == len(kv.layers) == MAX_KV_LAYERS
+
+
+def test_layers_is_a_sequence_of_views_made_when_asked_for() -> None:
+    stacked = np.arange(5 * 2 * 2 * 3 * 4, dtype=np.float32).reshape(5, 2, 2, 3, 4)
+    kv = avp.decode(avp.encode_kv_cache(stacked)).kv_cache()
+    layers = kv.layers
+    assert isinstance(layers, KVLayerView) and isinstance(layers, Sequence) and len(layers) == 5
+    expected = [(stacked[i, 0], stacked[i, 1]) for i in range(5)]
+    for (k, v), (k2, v2) in zip(layers, expected, strict=True):  # iteration, as a list's
+        np.testing.assert_array_equal(k, k2)
+        np.testing.assert_array_equal(v, v2)
+    np.testing.assert_array_equal(layers[-1][1], stacked[4, 1])
+    assert [pair[0][0, 0, 0] for pair in layers[1:4:2]] == [stacked[1, 0, 0, 0, 0], stacked[3, 0, 0, 0, 0]]
+    with pytest.raises(IndexError):
+        layers[5]
+    assert np.shares_memory(layers[2][0], kv.stacked)

@@ -13,6 +13,7 @@ import pytest
 import zstandard
 
 from m2mwire import avp
+from m2mwire.codecs.kvcache import MAX_KV_LAYERS
 from m2mwire.errors import DecodeError
 from m2mwire.schemas import avp_pb2
 from tests.codecs.test_avp import SDK_REJECTED, SDK_V1, SDK_V2, SDK_V2_ZSTD
@@ -218,6 +219,9 @@ def _stricter() -> list[tuple[str, bytes]]:
     zmeta = _meta(compression="zstd", payload_checksum=zlib.crc32(b"abcd" * 10))
     empty_meta = _meta(compression="zstd", payload_checksum=0)
     kv_payload = struct.pack("<IIIIB", 1, 1, 1, 1, 3) + b"\x00" * 2
+    layers = MAX_KV_LAYERS + 1
+    kv_layers = struct.pack("<IIIIB", layers, 1, 1, 1, 1) + b"\x00" * (4 * layers)
+    four = b"\x00" * 4
     return [
         ("trailing bytes", SDK_V1 + b"junk!"),
         ("two frames", SDK_V1 + SDK_V2),
@@ -238,6 +242,14 @@ def _stricter() -> list[tuple[str, bytes]]:
             "KV dtype byte 3 (frame decodes; kv_cache() rejects)",
             _frame(0x04, _meta(payload_type=1, dtype=1, payload_checksum=zlib.crc32(kv_payload)), kv_payload),
         ),
+        (
+            "KV header over MAX_KV_LAYERS (frame decodes; kv_cache() rejects)",
+            _frame(0x04, _meta(payload_type=1, dtype=1, payload_checksum=zlib.crc32(kv_layers)), kv_layers),
+        ),
+        (
+            "tensor_shape over MAX_TENSOR_DIMS",
+            _frame(0, _meta(tensor_shape=[1] * 33, payload_checksum=zlib.crc32(four)), four),
+        ),
     ]
 
 
@@ -249,4 +261,4 @@ def test_sdk_accepts_we_reject(name: str, data: bytes) -> None:
     """Each documented strictness decision (docs/AVP.md): the SDK decodes these, we do not."""
     sdk.decode(data)
     with pytest.raises(DecodeError):
-        avp.decode(data).kv_cache() if name.startswith("KV dtype") else avp.decode(data)
+        avp.decode(data).kv_cache() if "kv_cache() rejects" in name else avp.decode(data)
