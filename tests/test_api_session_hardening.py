@@ -484,11 +484,11 @@ BOMB_SIZE, BOMBS, INBOX_BOUND = 1 << 20, 40, 1 << 20  # 40 MiB of text in a writ
 
 @asynccontextmanager
 async def zstd_client(
-    port: int, size: int = BOMB_SIZE, count: int = BOMBS
+    port: int, size: int = BOMB_SIZE, count: int = BOMBS, source: str = "127.0.0.1"
 ) -> AsyncIterator[tuple[asyncio.StreamReader, asyncio.StreamWriter, bytes]]:
-    """A raw WebSocket connection with an established zstd session (a sans-I/O client), and
-    ``count`` zstd DATA messages of ``size`` bytes of one letter as WebSocket frames, to write at
-    once."""
+    """A raw WebSocket connection from ``source`` with an established zstd session (a sans-I/O
+    client), and ``count`` zstd DATA messages of ``size`` bytes of one letter as WebSocket
+    frames, to write at once."""
     from m2mwire.codecs import Algorithm
     from m2mwire.session.config import SessionConfig
     from m2mwire.session.core import SessionProtocol
@@ -496,7 +496,7 @@ async def zstd_client(
     from m2mwire.session.states import Role, State
     from tests.transport.test_websocket_bounds import OP_BINARY, OP_TEXT, frame, read_frame, upgrade
 
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0))
     try:
         await upgrade(reader, writer, port)
         client = SessionProtocol(Role.CLIENT, SessionConfig(algorithms=(Algorithm.ZSTD,)))
@@ -586,44 +586,81 @@ async def test_a_closing_session_drops_data_past_its_inbox_unread(when: str) -> 
             assert left <= INBOX_BOUND + BOMB_SIZE, f"{left / 2**20:.0f} MiB decoded while closing"
 
 
-async def test_messages_that_decode_to_far_more_than_they_cost_are_paced() -> None:
+def _owe(server: Server, peer: str, seconds: float) -> None:
+    """Leave ``peer``'s decode budget owing ``seconds`` of refill, as its earlier messages would."""
+    from m2mwire.session.budget import BURST, FREE_BASE, REFILL
+
+    now = asyncio.get_running_loop().time()
+    server._budgets.for_peer(peer, now).charge(0, BURST + FREE_BASE + seconds * REFILL, now)
+
+
+async def test_a_peer_that_owes_decode_time_has_its_messages_held_until_it_is_repaid() -> None:
     """Each message's output is bounded (max_payload), but not its output per byte received: a
     peer sending 199-byte messages that decode to 16 MiB each, as fast as the socket took them,
-    kept a server's core busy for minutes after it left (stop 32's attack run). Past FREE_RATIO
-    x what each message cost on the wire, a server decodes BURST at once, then REFILL per
-    second, all its sessions together (two sessions here, each within one BURST: with a bucket
-    per session, neither would wait). Reading waits meanwhile, and every message arrives."""
-    from m2mwire.session.budget import BURST, FREE_RATIO, REFILL
-
-    size, count = 8 << 20, 15
+    kept a server's core busy for minutes after it left (stop 32's attack run). The time a
+    peer's messages take beyond their allowance is paid from its address's bucket; while it
+    owes, its next message waits undecoded (stop 33: before, each new session decoded its first
+    message before anything was checked). Both sessions from the address wait (one bucket per
+    address, not per session), and every message arrives."""
     arrived: list[float] = []
     loop = asyncio.get_running_loop()
 
     async def sink(session: Session) -> None:
         async for message in session:
             arrived.append(loop.time())
-            assert len(message.text or "") == size
+            assert len(message.text or "") == 1 << 20
 
     async with serve(sink, "ws://127.0.0.1:0") as server:
         async with (
-            zstd_client(server.port, size, count) as (_r1, first, blob1),
-            zstd_client(server.port, size, count) as (_r2, second, blob2),
+            zstd_client(server.port, 1 << 20, 3) as (_r1, first, blob1),
+            zstd_client(server.port, 1 << 20, 3) as (_r2, second, blob2),
         ):
-            per_session = count * size - FREE_RATIO * len(blob1)
-            assert per_session < BURST  # either alone would not wait
-            owed = 2 * per_session - BURST  # together, the bucket refills this much
-            assert owed > REFILL  # the test means something: more than a second of refill
+            _owe(server, "127.0.0.1", 1.5)
             start = loop.time()
             first.write(blob1)
             second.write(blob2)
             await first.drain()
             await second.drain()
             async with asyncio.timeout(30):
-                while len(arrived) < 2 * count:
+                while len(arrived) < 6:
                     await asyncio.sleep(0.02)
-    took = arrived[-1] - start
-    # The old code, or a bucket per session: all 30 decoded in well under a second.
-    assert took >= 0.8 * owed / REFILL, f"{2 * count} x {size >> 20} MiB decoded in {took:.2f} s"
+    took = arrived[0] - start
+    assert took >= 1.2, f"the first message was decoded {took:.2f} s after a 1.5 s debt"
+
+
+async def test_a_bomb_that_fails_its_checksum_is_charged_all_the_same() -> None:
+    """An M2M v1 binary frame of 12 MiB of JSON in Brotli (~70 bytes) whose CRC fails is refused
+    once decompressed, and was charged nothing: session after session of them held a core at
+    17 KB/s (stop 33's attack run, F3). The time it took is charged to the peer's address."""
+    from m2mwire.codecs import m2mframe
+    from tests.transport.test_websocket_bounds import OP_BINARY, frame
+
+    strings = ",".join(['"' + "a" * (4 << 20) + '"'] * 3)  # 12 MiB, each string under max_string_bytes
+    bomb = bytearray(m2mframe.encode_m2m_binary("[" + strings + "]"))
+    start = len(m2mframe._PREFIX_BYTES)
+    header_len = m2mframe._PACK_FIXED.unpack_from(bomb, start)[0]
+    bomb[start + header_len + 4] ^= 0xFF  # the CRC-32 (after the u32 payload length)
+    assert len(bomb) < 200
+    ended: list[str] = []
+
+    async def sink(session: Session) -> None:
+        with contextlib.suppress(M2MError):
+            async for _ in session:
+                pass
+        ended.append(session.close_event.code if session.close_event else "?")
+
+    loop = asyncio.get_running_loop()
+    async with serve(sink, "ws://127.0.0.1:0") as server:
+        async with zstd_client(server.port, 1, 1) as (_reader, writer, _blob):
+            _owe(server, "127.0.0.1", 0.0)  # an empty bucket: what the bomb costs is owed
+            writer.write(frame(OP_BINARY, bytes(bomb)))
+            await writer.drain()
+            async with asyncio.timeout(10):
+                while not ended:
+                    await asyncio.sleep(0.005)
+            owed = server._budgets.for_peer("127.0.0.1", loop.time()).owed(loop.time())
+    assert ended == ["INVALID_DATA"]
+    assert owed > 0.0  # the old code: no charge (the decode failed)
 
 
 @pytest.mark.parametrize("binary_text", [True, False])
@@ -646,44 +683,52 @@ async def test_a_peer_offering_only_tokennative_does_not_get_long_echoes_tokeniz
     assert reply.text == text and reply.algorithm == "none"  # the old code: tokennative
 
 
-async def test_a_session_whose_decoding_would_wait_past_max_pause_is_closed() -> None:
+async def test_a_session_whose_peer_owes_more_than_max_pause_is_closed_and_another_peer_is_not() -> None:
     """A pause lasts at most MAX_PAUSE (the peer's PINGs wait meanwhile). Capped there, it let
-    each paused session decode one more message per pause however much the server's bucket
-    owed: session after session of 16 MiB messages kept ~0.4 core for 16 s after the peer left
-    (stop 32's measurement). A session whose message leaves more than MAX_PAUSE of refill owed
-    is closed MESSAGE_TOO_BIG instead, and what it held is dropped undecoded."""
-    from m2mwire.session.budget import BURST, MAX_PAUSE, REFILL, DecodeBudget
-
-    ended: list[str] = []
-    taken = [0]
+    each paused session decode one more message per pause however much was owed: session after
+    session of 16 MiB messages kept ~0.4 core for 16 s after the peer left (stop 32's
+    measurement). A session whose peer owes more than MAX_PAUSE of refill is closed
+    MESSAGE_TOO_BIG, what it held dropped undecoded. The debt is its address's: with one bucket
+    per server (stop 32), an honest peer sending messages that decode to far more than they cost
+    (zstd resending a history) was closed too while another peer's debt lasted."""
+    ended: dict[str, str] = {}
+    taken: dict[str, int] = {}
 
     async def sink(session: Session) -> None:
+        peer = session.remote_address.rpartition(":")[0]
+        taken[peer] = 0
         with contextlib.suppress(M2MError):  # the raw peer never acknowledges: close_timeout
             async for _ in session:
-                taken[0] += 1
-        ended.append(session.close_event.code if session.close_event else "?")
+                taken[peer] += 1
+        ended[peer] = session.close_event.code if session.close_event else "?"
 
-    loop = asyncio.get_running_loop()
     async with serve(sink, "ws://127.0.0.1:0", timers={"close_timeout": 1.0}) as server:
-        owing = DecodeBudget(loop.time())  # other peers' messages left it owing 10 s of refill
-        owing.charge(1, BURST + int(2 * MAX_PAUSE * REFILL), loop.time())
-        server._budget = owing
-        async with zstd_client(server.port, 8 << 20, 4) as (_reader, writer, blob):
-            writer.write(blob)
-            await writer.drain()
+        async with (
+            zstd_client(server.port, 8 << 20, 4, source="127.0.0.2") as (_r1, hostile, bombs),
+            zstd_client(server.port, 8 << 20, 4) as (_r2, honest, history),
+        ):
+            _owe(server, "127.0.0.2", 2 * 5.0)  # its earlier messages left it owing 10 s
+            hostile.write(bombs)
+            await hostile.drain()
             async with asyncio.timeout(10):
-                while not ended:
+                while "127.0.0.2" not in ended:
                     await asyncio.sleep(0.02)
-    assert ended == ["MESSAGE_TOO_BIG"]  # the old code: paced, 4 taken, one per MAX_PAUSE
-    assert taken[0] <= 1
+            honest.write(history)
+            await honest.drain()
+            async with asyncio.timeout(10):
+                while taken.get("127.0.0.1", 0) < 4 and "127.0.0.1" not in ended:
+                    await asyncio.sleep(0.02)
+            honest_ended = ended.get("127.0.0.1")
+    assert ended["127.0.0.2"] == "MESSAGE_TOO_BIG" and taken["127.0.0.2"] == 0
+    assert honest_ended is None and taken["127.0.0.1"] == 4  # stop 32's code: closed as well
 
 
 async def test_resending_a_json_snapshot_through_zstd_is_not_paced() -> None:
     """Session-context zstd exists for traffic that resends what it sent before: a 208 KB JSON
     snapshot sent again travels in ~50 bytes. The decode budget's first version charged the
     inbox cost (parsed JSON at up to 24x its text) against 1,024x the wire, per session: 150
-    such snapshots took 29.7 s instead of 0.63 s (stop 32's review). It charges the decoded
-    text now, from a bucket that holds them."""
+    such snapshots took 29.7 s instead of 0.63 s (stop 32's review). It charges the time they
+    take beyond their allowance now (stop 33), from a bucket that holds them."""
     value = {"rows": [{"id": i, "name": f"item {i}", "tags": ["a", "b"]} for i in range(4000)]}
     snapshot = json.dumps(value, separators=(",", ":"))
     got: list[int] = []

@@ -18,7 +18,7 @@ from m2mwire.errors import ConfigError, M2MError, SessionRejected
 from m2mwire.lifecycle import Listening
 from m2mwire.options import ServeOptions, parse_url, split_options
 from m2mwire.schemas.codes import SessionCode
-from m2mwire.session.budget import DecodeBudget
+from m2mwire.session.budget import DecodeBudgets, peer_key
 from m2mwire.session.config import CONTROL_MESSAGE_LIMIT
 from m2mwire.session.core import SessionProtocol
 from m2mwire.session.events import ResumeRequested, Stats
@@ -64,9 +64,10 @@ class Server(Listening):
         self._sessions: set[HostedSession] = set()
         self._resumable: dict[str, HostedSession] = {}  # established sessions that negotiated resume
         self._ended_ids = EndedSessions()  # recently ended resumable sessions: id -> how
-        # What peers make this server decode beyond FREE_RATIO x their bytes, all sessions together
-        # (one peer's many sessions get no more than one); made on the loop that serves them.
-        self._budget: DecodeBudget | None = None
+        # The decode time each peer address may take beyond the free allowance, shared by its
+        # sessions (session/budget.py). Over NATS the address is what the client says it is, so
+        # all NATS sessions share one: NATS credentials are the trust boundary there.
+        self._budgets = DecodeBudgets()
         self._ended = Stats()  # sums over sessions that have ended
         self._opened = self._refused = 0
         self._handler_tasks: set[asyncio.Task[Any]] = set()
@@ -95,13 +96,13 @@ class Server(Listening):
                 return sid
 
     async def _run_session(self, channel: Channel) -> None:
-        if self._budget is None:
-            self._budget = DecodeBudget(asyncio.get_running_loop().time())
+        key = "nats" if self._endpoint.scheme == "nats" else peer_key(channel.remote_address)
+        budget = self._budgets.for_peer(key, asyncio.get_running_loop().time())
         admission = self._admission
         protocol = SessionProtocol(
             Role.SERVER, self._config, session_id_factory=self._new_session_id, admission=admission.active
         )
-        session: HostedSession = ServerSide(channel, protocol, admission, self._resume, self._budget)
+        session: HostedSession = ServerSide(channel, protocol, admission, self._resume, budget)
         self._sessions.add(session)
         task = asyncio.current_task()
         if task is not None:

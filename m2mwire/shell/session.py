@@ -17,6 +17,7 @@ import random
 import sys
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from time import perf_counter
 from typing import TYPE_CHECKING, Any
 
 from m2mwire import tracing
@@ -34,7 +35,7 @@ from m2mwire.errors import (
 )
 from m2mwire.reconnect import Reconnect
 from m2mwire.schemas.codes import CloseCode, SessionCode
-from m2mwire.session.budget import FREE_RATIO, MAX_PAUSE, REFILL, DecodeBudget
+from m2mwire.session.budget import FREE_BASE, FREE_PER_BYTE, MAX_PAUSE, REFILL, DecodeBudget
 from m2mwire.session.core import SessionProtocol
 from m2mwire.session.events import (
     Closed,
@@ -145,8 +146,9 @@ class Session:
         # each held ~3 GB of a server (stop 31's attack run). Held, they cost their wire bytes:
         # at most one transport read. A loss of the channel drops them (see _on_transport_closed).
         self._held: deque[tuple[bytes, bool]] = deque()
-        # What the peer makes us decode beyond FREE_RATIO x its bytes (session/budget.py; a
-        # server's sessions share the server's): reading stops while _throttle waits for refill.
+        # The time the peer makes us spend processing its messages beyond the free allowance
+        # (session/budget.py; a server's sessions from one address share one): reading stops
+        # while _throttle waits for refill.
         self._budget = DecodeBudget(self._loop.time())
         self._throttle: asyncio.TimerHandle | None = None
         # What recv() took (inbox cost) since it last waited: it gives the loop a turn past
@@ -1067,20 +1069,29 @@ class Session:
         proto = self._protocol
         if proto.state is _CLOSED:
             return
+        now = self._loop.time()
+        if not self._closing and (owed := self._budget.owed(now)) > 0.0:
+            # The peer owes decode time (this session or another from its address): its message
+            # waits undecoded, first in line, until the debt is repaid (session/budget.py).
+            self._held.appendleft((data, text))
+            self._owe(owed)
+            return
         try:
-            if text:
-                message = proto.receive_text(data, self._loop.time())
-            else:
-                message = proto.receive_binary(data, self._loop.time())
+            start = perf_counter()
+            try:
+                message = proto.receive_text(data, now) if text else proto.receive_binary(data, now)
+            finally:
+                # Whatever it took, failures included (a bomb whose checksum fails once it is
+                # decompressed is refused, and cost the time all the same): one comparison for
+                # the usual message, which takes far less than its allowance.
+                spent = perf_counter() - start
+                if spent > FREE_BASE + FREE_PER_BYTE * len(data):  # DecodeBudget.charge's test
+                    self._charge(len(data), spent, now)
             if message is not None:  # DATA, and nothing else happened: no event, output or timer
                 if proto.ack_queued:  # an ACK (resume) is the one output DATA may cause
                     proto.ack_queued = False
                     self._writer_wakeup.set()
                 cost = message.decoded_bytes or queued_cost(message)
-                # The decoded content's bytes, not the inbox cost (which counts parsed JSON at up
-                # to 24x its text): decoding costs CPU in proportion to what it produces.
-                if message.original_bytes > FREE_RATIO * len(data):  # DecodeBudget.charge's test
-                    self._charge(len(data), message.original_bytes)
                 correlator = self._correlator
                 if message.reply_to is not None:  # an answer to one of our requests
                     correlator.route(message)
@@ -1129,20 +1140,26 @@ class Session:
             self._protocol.discard_data()
         self._update_reading()
 
-    def _charge(self, wire: int, decoded: int) -> None:
-        """A message of ``wire`` bytes decoded to more than FREE_RATIO times that: stop reading
-        while the decode budget refills (session/budget.py)."""
-        pause = self._budget.charge(wire, decoded, self._loop.time())
+    def _charge(self, wire: int, spent: float, now: float) -> None:
+        """A message of ``wire`` bytes took ``spent`` seconds to process, more than its free
+        allowance: charge the peer's bucket, and stop reading while it refills."""
+        pause = self._budget.charge(wire, spent, now)
+        if pause > 0.0 and self._protocol.state is not _CLOSED:
+            self._owe(pause)
+
+    def _owe(self, pause: float) -> None:
+        """The peer owes ``pause`` seconds of refill: stop reading that long, or close the
+        session if that is more than MAX_PAUSE (session/budget.py)."""
         if pause > MAX_PAUSE:
             self._decode_overloaded()
             return
-        if pause > 0 and self._throttle is None:
+        if self._throttle is None:
             # Jittered (+0-25 %): sessions paused by one empty bucket would otherwise all resume
             # in the same loop turn, each decoding a message at once (40 peers' 16 MiB messages:
             # a 1.7 s stall every MAX_PAUSE in stop 32's measurement).
             pause *= 1.0 + 0.25 * random.random()
             self._throttle = self._loop.call_later(pause, self._end_throttle)
-            self._update_reading()
+        self._update_reading()
 
     def _decode_overloaded(self) -> None:
         """The server's decode budget owes more than MAX_PAUSE of refill: close this session
@@ -1153,8 +1170,9 @@ class Session:
         self._held.clear()
         self._protocol.close(
             self._loop.time(),
-            f"messages decoding to more than {FREE_RATIO}x their size arrive faster than they can be "
-            f"decoded here ({REFILL >> 20} MiB/s past that, all sessions together)",
+            "messages that take far longer to decode than their size warrants arrive from this "
+            f"address faster than they can be decoded here ({REFILL:g} s per second past that, all "
+            "its sessions together)",
             code=SessionCode.MESSAGE_TOO_BIG,
         )
         self._protocol.discard_data()
@@ -1302,7 +1320,7 @@ class ServerSide:
         session = Session(channel, protocol)
         session._admission = admission
         session._resumer = functools.partial(resumer, self)
-        if budget is not None:  # the server's: its sessions share one (session/budget.py)
+        if budget is not None:  # its peer address's, shared by its sessions (session/budget.py)
             session._budget = budget
         self._session = session
 

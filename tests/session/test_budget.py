@@ -1,47 +1,92 @@
-"""The decode budget (m2mwire/session/budget.py): what a session decodes beyond FREE_RATIO x the
-bytes received is paid from a bucket of BURST bytes refilled at REFILL per second."""
+"""The decode budget (m2mwire/session/budget.py): the time a peer's messages take to process
+beyond FREE_BASE + FREE_PER_BYTE per wire byte is paid from its address's bucket of BURST
+seconds, refilled at REFILL seconds per second."""
 
 from __future__ import annotations
 
-from m2mwire.codecs.limits import MiB
-from m2mwire.session.budget import BURST, FREE_RATIO, MAX_PAUSE, REFILL, DecodeBudget
+import pytest
 
-BOMB = 16 * MiB  # a 199-byte Brotli wire's output (stop 32's attack run)
+from m2mwire.session.budget import (
+    BURST,
+    FREE_BASE,
+    FREE_PER_BYTE,
+    MAX_PAUSE,
+    MAX_PEERS,
+    REFILL,
+    DecodeBudget,
+    DecodeBudgets,
+    peer_key,
+)
+
+BOMB = 0.040  # seconds: a 199-byte Brotli wire of 16 MiB (stop 32's attack run)
 
 
-def test_messages_within_the_free_ratio_cost_nothing() -> None:
+def test_messages_within_their_allowance_cost_nothing() -> None:
     budget = DecodeBudget(0.0)
-    for _ in range(10_000):  # far more than BURST in all: never charged
-        assert budget.charge(1000, FREE_RATIO * 1000, 0.0) == 0.0
+    allowance = FREE_BASE + FREE_PER_BYTE * 1000
+    for _ in range(100_000):  # far more than BURST in all: never charged
+        assert budget.charge(1000, allowance, 0.0) == 0.0
+    assert budget.owed(0.0) == 0.0
 
 
 def test_a_flood_of_bombs_gets_the_burst_then_refill_per_second() -> None:
     budget = DecodeBudget(0.0)
-    free = BURST // BOMB  # 4 at once
+    free = int(BURST / BOMB)  # 25 at once
     waits = [budget.charge(199, BOMB, 0.0) for _ in range(free + 3)]
     assert waits[: free - 1] == [0.0] * (free - 1)
-    excess = BOMB - FREE_RATIO * 199
+    excess = BOMB - FREE_BASE - FREE_PER_BYTE * 199
     # Each further bomb is one more excess owed: reading stops that much longer.
     assert waits[free:] == sorted(waits[free:]) and waits[-1] > 2 * excess / REFILL
-    # Time repays it: after the wait, the next bomb owes only itself.
+    assert budget.owed(0.0) == pytest.approx(waits[-1])
+    # Time repays it: after the wait, nothing is owed, and the next bomb owes only itself.
     now = waits[-1]
+    assert budget.owed(now) == pytest.approx(0.0, abs=1e-9)
     assert 0.0 < budget.charge(199, BOMB, now) <= excess / REFILL + 1e-9
 
 
 def test_the_bucket_refills_only_up_to_the_burst() -> None:
     budget = DecodeBudget(0.0)
-    budget.charge(1, BURST, 0.0)  # empty
+    budget.charge(1, BURST + FREE_BASE, 0.0)  # empty
     later = 3600.0  # an hour idle: full again, and no fuller
-    assert budget.charge(1, BURST, later) == 0.0
-    assert budget.charge(1, MiB, later) > 0.0
+    assert budget.charge(1, BURST + FREE_BASE, later) == 0.0
+    assert budget.charge(1, 0.01, later) > 0.0
 
 
 def test_a_debt_past_max_pause_is_reported_whole() -> None:
-    """The shell closes a session whose message leaves more than MAX_PAUSE of refill owed
-    (capping the pause let each paused session decode one more message per pause); the bucket
-    says how much is owed, and time repays it."""
+    """The shell closes a session whose peer owes more than MAX_PAUSE of refill (capping the pause
+    let each paused session decode one more message per pause); the bucket says how much is owed,
+    and time repays it."""
     budget = DecodeBudget(0.0)
     owed = 3 * MAX_PAUSE * REFILL
-    assert budget.charge(1, int(BURST + owed) + FREE_RATIO, 0.0) == 3 * MAX_PAUSE
-    assert budget.charge(1000, 1000, MAX_PAUSE) == 0.0  # within the free ratio: never charged
-    assert 2 * MAX_PAUSE < budget.charge(1, MiB, MAX_PAUSE) <= 2 * MAX_PAUSE + 1
+    assert budget.charge(1, BURST + owed + FREE_BASE + FREE_PER_BYTE, 0.0) == pytest.approx(3 * MAX_PAUSE)
+    assert budget.charge(1000, FREE_BASE, MAX_PAUSE) == 0.0  # within the allowance: never charged
+    assert budget.owed(MAX_PAUSE) == pytest.approx(2 * MAX_PAUSE)
+    assert 2 * MAX_PAUSE < budget.charge(1, 0.01, MAX_PAUSE) <= 2 * MAX_PAUSE + 1
+
+
+@pytest.mark.parametrize(
+    ("address", "key"),
+    [
+        ("203.0.113.7:50123", "203.0.113.7"),
+        ("[2001:db8:1:2:3:4:5:6]:443", "2001:db8:1:2::/64"),
+        ("[2001:db8:1:2:ffff::1]:9", "2001:db8:1:2::/64"),  # the same /64: one peer
+        ("[::1]:8765", "::/64"),
+        ("nats-client:0", "nats-client"),
+        ("memory:127.0.0.1:8765/client", "memory:127.0.0.1:8765/client"),
+    ],
+)
+def test_a_peer_is_its_host_and_an_ipv6_peer_its_64(address: str, key: str) -> None:
+    assert peer_key(address) == key
+
+
+def test_a_server_keeps_one_bucket_per_peer_and_forgets_the_oldest() -> None:
+    budgets = DecodeBudgets()
+    one = budgets.for_peer("198.51.100.1", 0.0)
+    assert budgets.for_peer("198.51.100.1", 1.0) is one
+    one.charge(1, BURST + 1.0, 1.0)  # this peer owes 10 s
+    other = budgets.for_peer("198.51.100.2", 1.0)
+    assert other.owed(1.0) == 0.0 and one.owed(1.0) > MAX_PAUSE  # another peer's debt is not its
+    for i in range(MAX_PEERS):  # bounded: MAX_PEERS more peers
+        budgets.for_peer(f"10.0.{i >> 8}.{i & 255}", 2.0)
+    assert len(budgets) == MAX_PEERS
+    assert budgets.for_peer("198.51.100.1", 2.0) is not one  # forgotten, least recently seen
