@@ -73,11 +73,14 @@ MAX_PEERS: Final = 65_536
 class DecodeBudget:
     """One peer's bucket (see the module's docstring)."""
 
-    __slots__ = ("_at", "_credit")
+    __slots__ = ("_at", "_credit", "repaid_at")
 
     def __init__(self, now: float) -> None:
         self._credit = BURST
         self._at = now
+        #: When the debt is repaid (a time in the past when there is none): the shell's check
+        #: before each message, an attribute rather than a call.
+        self.repaid_at = now
 
     def charge(self, wire: int, spent: float, now: float) -> float:
         """A message of ``wire`` bytes took ``spent`` seconds to process: the seconds its session
@@ -88,13 +91,16 @@ class DecodeBudget:
             return 0.0
         credit = min(BURST, self._credit + REFILL * (now - self._at)) - excess
         self._credit, self._at = credit, now
-        return -credit / REFILL if credit < 0.0 else 0.0
+        if credit < 0.0:
+            owed = -credit / REFILL
+            self.repaid_at = now + owed
+            return owed
+        return 0.0
 
     def owed(self, now: float) -> float:
         """The seconds until the peer's debt is repaid (0.0: none): a message of a peer that owes
         is not decoded before then."""
-        credit = self._credit + REFILL * (now - self._at)
-        return -credit / REFILL if credit < 0.0 else 0.0
+        return self.repaid_at - now if self.repaid_at > now else 0.0
 
 
 def peer_key(address: str) -> str:

@@ -1070,11 +1070,11 @@ class Session:
         if proto.state is _CLOSED:
             return
         now = self._loop.time()
-        if not self._closing and (owed := self._budget.owed(now)) > 0.0:
+        if self._budget.repaid_at > now and not self._closing:
             # The peer owes decode time (this session or another from its address): its message
             # waits undecoded, first in line, until the debt is repaid (session/budget.py).
             self._held.appendleft((data, text))
-            self._owe(owed)
+            self._owe(self._budget.owed(now))
             return
         try:
             start = perf_counter()
