@@ -628,6 +628,39 @@ async def test_a_peer_that_owes_decode_time_has_its_messages_held_until_it_is_re
     assert took >= 1.2, f"the first message was decoded {took:.2f} s after a 1.5 s debt"
 
 
+async def test_a_peer_whose_network_owes_waits_and_is_not_closed() -> None:
+    """A peer cycling through its network's addresses had a fresh bucket at each (a /48 is 65,536
+    of them; stop 33's second attack run). Each address's charges also go to its network's
+    bucket (IPv4 /24, IPv6 /48); while that owes, every address of it waits, and an honest
+    neighbour (another address) is paused, never closed: its own address owes nothing."""
+    from m2mwire.session.budget import BURST, FREE_BASE, NETWORK_SCALE, REFILL
+
+    arrived: list[float] = []
+    ended: list[str] = []
+    loop = asyncio.get_running_loop()
+
+    async def sink(session: Session) -> None:
+        with contextlib.suppress(M2MError):
+            async for _ in session:
+                arrived.append(loop.time())
+        ended.append(session.close_event.code if session.close_event else "?")
+
+    async with serve(sink, "ws://127.0.0.1:0") as server:
+        async with zstd_client(server.port, 1 << 20, 2) as (_reader, writer, blob):
+            now = loop.time()
+            rotating = server._budgets.for_peer("127.0.0.3", now, "127.0.0.0/24")
+            network_owes = NETWORK_SCALE * (BURST + REFILL * 1.5)  # 1.5 s of the network's refill
+            rotating.charge(0, FREE_BASE + network_owes, now)
+            start = loop.time()
+            writer.write(blob)
+            await writer.drain()
+            async with asyncio.timeout(30):
+                while len(arrived) < 2 and not ended:
+                    await asyncio.sleep(0.02)
+            assert not ended  # paused, not closed
+    assert arrived[0] - start >= 1.2
+
+
 async def test_a_bomb_that_fails_its_checksum_is_charged_all_the_same() -> None:
     """An M2M v1 binary frame of 12 MiB of JSON in Brotli (~70 bytes) whose CRC fails is refused
     once decompressed, and was charged nothing: session after session of them held a core at

@@ -428,6 +428,36 @@ async def test_a_reading_loop_gives_the_event_loop_a_turn_per_few_mib_decoded(me
     assert 6 <= ticked[0] <= 10, ticked  # one per 4 MiB taken (the old code: 0)
 
 
+async def test_a_reading_loop_that_works_on_each_message_gives_the_event_loop_a_turn_every_10_ms(
+    memory_scheme: str,
+) -> None:
+    """A handler spending 1.4 ms on each 53-byte KV-cache frame (a loop over its layers) took
+    250 of them per 4 MiB turn: every other session waited 0.36 s at a time (stop 33's second
+    attack run). recv() also gives the loop a turn once it has returned messages without
+    waiting for _TURN_SECONDS (10 ms)."""
+    ready = asyncio.Event()
+    ticked: list[int] = []
+
+    async def reader(session: Session) -> None:
+        await ready.wait()
+        async with loop_turns() as turns:
+            for _ in range(32):  # the inbox holds them all: recv() need not wait
+                await session.recv()
+                time.sleep(0.002)  # the application's work on it, holding the loop
+            ticked.append(turns[0])
+
+    async with running(memory_scheme, reader, max_queue=64) as server:
+        async with connect(server.url, algorithms=["none"]) as client:
+            for i in range(32):
+                await client.send(f"small {i}")
+            await settle()
+            ready.set()
+            async with asyncio.timeout(10):
+                while not ticked:
+                    await asyncio.sleep(0.01)
+    assert ticked[0] >= 3, ticked  # one per 10 ms of the 64 ms (the old code: 0)
+
+
 async def test_a_send_refused_until_the_next_loop_turn_needs_no_write_task(memory_scheme: str) -> None:
     """A channel refuses send_now() when its buffer is full, and often only until the event loop's
     next turn (the reader drains it; QUIC refuses once a turn's writes reach its flush threshold).

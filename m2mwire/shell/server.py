@@ -96,8 +96,10 @@ class Server(Listening):
                 return sid
 
     async def _run_session(self, channel: Channel) -> None:
-        key = "nats" if self._endpoint.scheme == "nats" else peer_key(channel.remote_address)
-        budget = self._budgets.for_peer(key, asyncio.get_running_loop().time())
+        address, network = (
+            ("nats", None) if self._endpoint.scheme == "nats" else peer_key(channel.remote_address)
+        )
+        budget = self._budgets.for_peer(address, asyncio.get_running_loop().time(), network)
         admission = self._admission
         protocol = SessionProtocol(
             Role.SERVER, self._config, session_id_factory=self._new_session_id, admission=admission.active

@@ -12,6 +12,7 @@ from m2mwire.session.budget import (
     FREE_PER_BYTE,
     MAX_PAUSE,
     MAX_PEERS,
+    NETWORK_SCALE,
     REFILL,
     DecodeBudget,
     DecodeBudgets,
@@ -31,7 +32,7 @@ def test_messages_within_their_allowance_cost_nothing() -> None:
 
 def test_a_flood_of_bombs_gets_the_burst_then_refill_per_second() -> None:
     budget = DecodeBudget(0.0)
-    free = int(BURST / BOMB)  # 25 at once
+    free = int(BURST / BOMB)  # 50 at once
     waits = [budget.charge(199, BOMB, 0.0) for _ in range(free + 3)]
     assert waits[: free - 1] == [0.0] * (free - 1)
     excess = BOMB - FREE_BASE - FREE_PER_BYTE * 199
@@ -65,18 +66,20 @@ def test_a_debt_past_max_pause_is_reported_whole() -> None:
 
 
 @pytest.mark.parametrize(
-    ("address", "key"),
+    ("address", "keys"),
     [
-        ("203.0.113.7:50123", "203.0.113.7"),
-        ("[2001:db8:1:2:3:4:5:6]:443", "2001:db8:1:2::/64"),
-        ("[2001:db8:1:2:ffff::1]:9", "2001:db8:1:2::/64"),  # the same /64: one peer
-        ("[::1]:8765", "::/64"),
-        ("nats-client:0", "nats-client"),
-        ("memory:127.0.0.1:8765/client", "memory:127.0.0.1:8765/client"),
+        ("203.0.113.7:50123", ("203.0.113.7", "203.0.113.0/24")),
+        ("[2001:db8:1:2:3:4:5:6]:443", ("2001:db8:1:2::/64", "2001:db8:1::/48")),
+        ("[2001:db8:1:2:ffff::1]:9", ("2001:db8:1:2::/64", "2001:db8:1::/48")),  # the same /64: one peer
+        ("[::1]:8765", ("::/64", "::/48")),
+        ("nats-client:0", ("nats-client", None)),
+        ("memory:127.0.0.1:8765/client", ("memory:127.0.0.1:8765/client", None)),
     ],
 )
-def test_a_peer_is_its_host_and_an_ipv6_peer_its_64(address: str, key: str) -> None:
-    assert peer_key(address) == key
+def test_a_peer_is_its_host_and_an_ipv6_peer_its_64_in_its_network(
+    address: str, keys: tuple[str, str | None]
+) -> None:
+    assert peer_key(address) == keys
 
 
 def test_a_server_keeps_one_bucket_per_peer_and_forgets_the_oldest() -> None:
@@ -90,3 +93,30 @@ def test_a_server_keeps_one_bucket_per_peer_and_forgets_the_oldest() -> None:
         budgets.for_peer(f"10.0.{i >> 8}.{i & 255}", 2.0)
     assert len(budgets) == MAX_PEERS
     assert budgets.for_peer("198.51.100.1", 2.0) is not one  # forgotten, least recently seen
+
+
+def test_a_peer_cycling_through_its_networks_addresses_gets_no_more_than_the_network() -> None:
+    """Each address (IPv6: /64) has a bucket of its own: a peer with a /48 had 65,536 of them,
+    each a fresh BURST and REFILL (stop 33's second attack run). Its network's bucket, charged
+    too, holds NETWORK_SCALE times one address's: once it owes, every address of it waits."""
+    budgets = DecodeBudgets()
+    charged = 0.0
+    owing = None
+    for i in range(400):  # bounded: more addresses than the network's BURST covers (200 bombs)
+        address, network = peer_key(f"[2001:db8:7:{i:x}::1]:443")
+        budget = budgets.for_peer(address, 0.0, network)
+        assert budget.owed(0.0) == 0.0  # each address is fresh
+        budget.charge(100, BOMB, 0.0)
+        charged += BOMB
+        if budget.waits(0.0) > 0.0:
+            owing = i
+            break
+    assert owing is not None and charged == pytest.approx(NETWORK_SCALE * BURST, abs=2 * BOMB)
+    address, network = peer_key("[2001:db8:7:ffff::2]:443")
+    assert network == "2001:db8:7::/48"
+    neighbour = budgets.for_peer(address, 0.0, network)
+    assert neighbour.owed(0.0) == 0.0 and neighbour.waits(0.0) > 0.0  # waits, not closed
+    address, network = peer_key("[2001:db8:8::1]:443")
+    elsewhere = budgets.for_peer(address, 0.0, network)
+    assert elsewhere.waits(0.0) == 0.0
+    assert neighbour.waits(1.0) < neighbour.waits(0.0)  # the network refills NETWORK_SCALE x faster
