@@ -48,6 +48,7 @@ __all__ = [
     "MAX_PAUSE",
     "MAX_PEERS",
     "NETWORK_SCALE",
+    "PAUSE_PER_WAITER",
     "REFILL",
     "DecodeBudget",
     "DecodeBudgets",
@@ -69,6 +70,11 @@ BURST: Final = 2.0
 REFILL: Final = 0.1
 #: A network's bucket (IPv4 /24, IPv6 /48) holds and refills this many times an address's.
 NETWORK_SCALE: Final = 4
+#: A session that waits for its bucket waits at least this long per session waiting for it: a
+#: debt of a few ms woke every waiting session each few ms, and 200 paused sessions of one
+#: address kept a core busy checking (stop 33's third attack run). So a bucket's waiters wake
+#: at most ~1 / PAUSE_PER_WAITER times a second in all.
+PAUSE_PER_WAITER: Final = 0.01
 #: The longest a session pauses: while it does not read, its peer's PINGs wait, and a peer
 #: declares it gone max_missed_pongs x pong_timeout (10 s by default) after a PING. A session
 #: whose peer owes more than MAX_PAUSE of refill is closed instead (MESSAGE_TOO_BIG), and what it
@@ -85,7 +91,7 @@ class DecodeBudget:
     """One peer's bucket (see the module's docstring), and its network's (``network``, None for
     a client's session and a network's own bucket)."""
 
-    __slots__ = ("_at", "_burst", "_credit", "_refill", "network", "repaid_at")
+    __slots__ = ("_at", "_burst", "_credit", "_refill", "network", "repaid_at", "waiting")
 
     def __init__(self, now: float, network: DecodeBudget | None = None, scale: int = 1) -> None:
         self._burst = self._credit = BURST * scale
@@ -95,6 +101,8 @@ class DecodeBudget:
         #: When the debt is repaid (a time in the past when there is none): the shell's check
         #: before each message, an attribute rather than a call.
         self.repaid_at = now
+        #: Sessions paused on this bucket now (the shell counts them; see PAUSE_PER_WAITER).
+        self.waiting = 0
 
     def charge(self, wire: int, spent: float, now: float) -> float:
         """A message of ``wire`` bytes took ``spent`` seconds to process: the seconds the peer's
@@ -123,10 +131,17 @@ class DecodeBudget:
 
     def waits(self, now: float) -> float:
         """The seconds until neither the address nor its network owes: how long the peer's next
-        message waits."""
+        message waits (0.0: it does not), at least PAUSE_PER_WAITER per session already waiting."""
         network = self.network
         until = self.repaid_at if network is None or network.repaid_at < self.repaid_at else network.repaid_at
-        return until - now if until > now else 0.0
+        if until <= now:
+            return 0.0
+        waiting = self.waiting if network is None or network.waiting < self.waiting else network.waiting
+        return max(until - now, PAUSE_PER_WAITER * waiting)
+
+    def buckets(self) -> tuple[DecodeBudget, ...]:
+        """This bucket, and its network's if any: where a paused session is counted."""
+        return (self,) if self.network is None else (self, self.network)
 
 
 def peer_key(address: str) -> tuple[str, str | None]:

@@ -81,6 +81,11 @@ _TAKEN_PER_TURN = 4 * 1024 * 1024
 # with each is its own, but a handler spending 1.4 ms on each 53-byte KV-cache frame (a loop over
 # 4,096 layers) held the loop for 0.36 s per 4 MiB (stop 33's attack run).
 _TURN_SECONDS = 0.01
+# Received messages are processed as the transport delivers them, a whole socket read at a time;
+# past this much processing time the rest wait for the event loop's next turn (held, reading
+# paused): one 256 KiB read of ~4,300 small Brotli messages held the loop ~130 ms (stop 33's
+# third attack run).
+_SLICE_SECONDS = 0.005
 
 
 class HandedOver(M2MError):
@@ -155,6 +160,8 @@ class Session:
         # while _throttle waits for refill.
         self._budget = DecodeBudget(self._loop.time())
         self._throttle: asyncio.TimerHandle | None = None
+        self._waiting_on: tuple[DecodeBudget, ...] = ()  # the buckets _throttle counts on
+        self._slice = 0.0  # processing time since the last _SLICE_SECONDS turn (see _process)
         # What recv() took (inbox cost) since it last waited: it gives the loop a turn past
         # _TAKEN_PER_TURN, or once _TURN_SECONDS passed (_turn_ends).
         self._taken_run = 0
@@ -1102,6 +1109,9 @@ class Session:
                 spent = perf_counter() - start
                 if spent > FREE_BASE + FREE_PER_BYTE * len(data):  # DecodeBudget.charge's test
                     self._charge(len(data), spent, now)
+                self._slice += spent
+                if self._slice > _SLICE_SECONDS:
+                    self._end_slice()
             if message is not None:  # DATA, and nothing else happened: no event, output or timer
                 if proto.ack_queued:  # an ACK (resume) is the one output DATA may cause
                     proto.ack_queued = False
@@ -1177,6 +1187,9 @@ class Session:
             # a 1.7 s stall every MAX_PAUSE in stop 32's measurement).
             pause *= 1.0 + 0.25 * random.random()
             self._throttle = self._loop.call_later(pause, self._end_throttle)
+            self._waiting_on = self._budget.buckets()
+            for bucket in self._waiting_on:
+                bucket.waiting += 1
         self._update_reading()
 
     def _decode_overloaded(self) -> None:
@@ -1198,8 +1211,21 @@ class Session:
         self._update_reading()  # closing reads on, for the acknowledgement
         self._writer_wakeup.set()
 
+    def _end_slice(self) -> None:
+        """Enough processing for this turn: what else arrives waits for the loop's next one."""
+        self._slice = 0.0
+        if self._throttle is None:
+            self._throttle = self._loop.call_later(0.0, self._end_throttle)
+            self._update_reading()
+
     def _end_throttle(self) -> None:
         self._throttle = None
+        self._stop_waiting()
+
+    def _stop_waiting(self) -> None:
+        for bucket in self._waiting_on:
+            bucket.waiting -= 1
+        self._waiting_on = ()
         self._update_reading()
 
     def _update_reading(self) -> None:
@@ -1304,6 +1330,7 @@ class Session:
         if self._throttle is not None:
             self._throttle.cancel()
             self._throttle = None
+            self._stop_waiting()
         if self._write_timer is not None:
             self._write_timer.cancel()
             self._write_timer = None

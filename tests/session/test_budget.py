@@ -13,6 +13,7 @@ from m2mwire.session.budget import (
     MAX_PAUSE,
     MAX_PEERS,
     NETWORK_SCALE,
+    PAUSE_PER_WAITER,
     REFILL,
     DecodeBudget,
     DecodeBudgets,
@@ -120,3 +121,22 @@ def test_a_peer_cycling_through_its_networks_addresses_gets_no_more_than_the_net
     elsewhere = budgets.for_peer(address, 0.0, network)
     assert elsewhere.waits(0.0) == 0.0
     assert neighbour.waits(1.0) < neighbour.waits(0.0)  # the network refills NETWORK_SCALE x faster
+
+
+def test_sessions_waiting_for_one_bucket_wait_longer_the_more_they_are() -> None:
+    """A debt of a few ms woke every session paused on the bucket each few ms: 200 paused sessions
+    of one address kept a core busy re-checking (stop 33's third attack run). Each waits at least
+    PAUSE_PER_WAITER per session already waiting, so they wake ~1 / PAUSE_PER_WAITER times a
+    second in all."""
+    budget = DecodeBudget(0.0)
+    budget.charge(0, FREE_BASE + BURST + 0.001 * REFILL, 0.0)  # owes 1 ms
+    assert budget.waits(0.0) == pytest.approx(0.001)
+    budget.waiting = 200
+    assert budget.waits(0.0) == pytest.approx(200 * PAUSE_PER_WAITER)
+    assert budget.waits(0.01) == 0.0  # repaid: nobody waits, however many were waiting
+    network = DecodeBudget(0.0, scale=NETWORK_SCALE)
+    neighbour = DecodeBudget(0.0, network)
+    network.charge(0, FREE_BASE + NETWORK_SCALE * BURST + 0.001, 0.0)
+    network.waiting = 50
+    assert neighbour.buckets() == (neighbour, network)
+    assert neighbour.waits(0.0) == pytest.approx(50 * PAUSE_PER_WAITER)
