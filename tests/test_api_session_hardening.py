@@ -706,6 +706,71 @@ async def test_a_peer_whose_network_owes_waits_and_is_not_closed() -> None:
     assert arrived[0] - start >= 1.2
 
 
+async def test_a_resuming_connection_charged_for_its_hello_does_not_resume_reading_after_the_hand_over(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fresh server session that takes a resuming HELLO hands its channel to the session it
+    resumes. Charged for that HELLO (its address at the end of its burst), it kept its pause
+    timer, and when that fired it resumed reading the channel it no longer owned, under the
+    resumed session's pause: everything the client sent was held, without a bound (stop 33's
+    review: 20,012 of 20,012 messages)."""
+    from m2mwire.reconnect import Reconnect
+    from m2mwire.session.core import SessionProtocol
+    from m2mwire.session.states import Role, State
+    from tests.chaosproxy import TcpChaosProxy
+
+    sessions: list[Session] = []
+    original = SessionProtocol.receive_text
+    servers: list[Server] = []
+
+    def costly_resume(self: SessionProtocol, data: bytes | str, now: float) -> Any:
+        raw = data if isinstance(data, bytes) else data.encode()
+        if self.role is Role.SERVER and self.state is State.INITIAL and b'"session_id"' in raw:
+            _owe(servers[0], "127.0.0.1", 0.0)  # the address is at the end of its burst
+            time.sleep(0.002)  # this HELLO's processing: charged
+        return original(self, data, now)
+
+    async def stalled(session: Session) -> None:
+        sessions.append(session)
+        await asyncio.sleep(60)  # never reads: the inbox fills, reading pauses
+
+    async with serve(stalled, "ws://127.0.0.1:0", max_queue=8) as server:
+        servers.append(server)
+        proxy = await TcpChaosProxy(server.port).start()
+        try:
+            client = await connect(
+                f"ws://127.0.0.1:{proxy.port}",
+                reconnect=Reconnect(initial_delay=0.01, max_delay=0.1, max_elapsed=10.0),
+                resume_buffer_bytes=64 << 20,
+            )
+            for _ in range(20):
+                await client.send("x" * 1000)
+            async with asyncio.timeout(10):
+                while not sessions or not sessions[0]._paused:
+                    await asyncio.sleep(0.01)
+            monkeypatch.setattr(SessionProtocol, "receive_text", costly_resume)
+            proxy.cut()
+            async with asyncio.timeout(10):
+                while client.stats.reconnects < 1:
+                    await asyncio.sleep(0.01)
+            monkeypatch.setattr(SessionProtocol, "receive_text", original)
+
+            async def pump() -> None:
+                for _ in range(5000):  # bounded; the client's retention buffer holds them all
+                    await client.send("y" * 1000)
+
+            sending = asyncio.create_task(pump())
+            await asyncio.sleep(1.0)  # the fresh session's pause (~20 ms) is long over
+            held = len(sessions[0]._held)
+            sending.cancel()
+            with contextlib.suppress(TimeoutError):  # its messages wait for a handler that never reads
+                async with asyncio.timeout(0.5):
+                    await client.close()
+        finally:
+            await proxy.close()
+    assert held < 1000, f"{held} messages held"  # one socket read's worth at most
+
+
 async def test_a_bomb_that_fails_its_checksum_is_charged_all_the_same() -> None:
     """An M2M v1 binary frame of 12 MiB of JSON in Brotli (~70 bytes) whose CRC fails is refused
     once decompressed, and was charged nothing: session after session of them held a core at

@@ -462,14 +462,20 @@ def _decode_full(
         raise DecodeError(
             f"AVP has-map flag is {'set' if flags & FLAG_HAS_MAP else 'clear'} but avp_map_id is {map_id!r}"
         )
+    dims = pb.tensor_shape
+    ndims = len(dims)
+    if ndims > MAX_TENSOR_DIMS:  # before anything walks it: a 64 KiB shape is 65,000 dimensions
+        raise DecodeError(
+            f"AVP tensor_shape has {ndims} dimensions, more than {MAX_TENSOR_DIMS} (MAX_TENSOR_DIMS)"
+        )
     body = mv[meta_end:end]
     if flags & FLAG_COMPRESSED:
         if pb.HasField("compression") and pb.compression != "zstd":
             raise DecodeError(f"unsupported AVP compression {pb.compression!r} (only zstd is defined)")
         cap = DEFAULT_MAX_OUTPUT_BYTES if max_output_bytes is None else max_output_bytes
         expected = None
-        if pt == 0 and pb.tensor_shape:  # a hidden state's size is its shape times its itemsize
-            expected = shape_bytes(tuple(pb.tensor_shape), ITEMSIZE[dt], cap)
+        if pt == 0 and ndims:  # a hidden state's size is its shape times its itemsize
+            expected = shape_bytes(tuple(dims), ITEMSIZE[dt], cap)
             if expected > cap:
                 check_size("AVP tensor_shape", expected, cap)
         payload = decompress_payload(body, cap, expected)
@@ -486,8 +492,6 @@ def _decode_full(
         if actual != expected:
             raise _checksum_mismatch(expected, actual)
         checksum = expected
-    dims = pb.tensor_shape
-    ndims = len(dims)
     if ndims == 0:
         shape: tuple[int, ...] = ()
     elif ndims == 1:  # the usual hidden state: checked without the general helper's calls
@@ -495,10 +499,6 @@ def _decode_full(
         if pt == 0 and shape[0] * ITEMSIZE[dt] != len(payload):
             check_shape(shape, DATA_TYPES[dt], len(payload), DecodeError)
     else:
-        if ndims > MAX_TENSOR_DIMS:  # before the copy: a 64 KiB shape is 65,000 dimensions
-            raise DecodeError(
-                f"AVP tensor_shape has {ndims} dimensions, more than {MAX_TENSOR_DIMS} (MAX_TENSOR_DIMS)"
-            )
         shape = tuple(dims[:])
         if pt == 0:
             check_shape(shape, DATA_TYPES[dt], len(payload), DecodeError)

@@ -156,6 +156,9 @@ def peer_key(address: str) -> tuple[str, str | None]:
         ip = ipaddress.ip_address(host)
     except ValueError:
         return host, None
+    if ip.version == 6 and ip.ipv4_mapped is not None:  # a dual-stack socket's IPv4 client
+        ip = ip.ipv4_mapped
+        host = str(ip)
     if ip.version == 6:
         return str(ipaddress.IPv6Network((ip, 64), strict=False)), str(
             ipaddress.IPv6Network((ip, 48), strict=False)

@@ -642,10 +642,11 @@ class SessionProtocol:
         # Tell the peer, as a failing handler does (CLOSE INTERNAL_ERROR, then the transport's
         # 1011): it saw only a lost connection, and with resume waited out resume_window for a
         # session that had ended. The cause stays here: its text is ours, not the peer's business.
-        self._tell_peer(
-            SessionCode.INTERNAL_ERROR,
-            "the peer failed to process a message (a bug in m2mwire; the peer's log has the traceback)",
-        )
+        if self.state is not State.CLOSING:  # else our CLOSE is out already
+            self._tell_peer(
+                SessionCode.INTERNAL_ERROR,
+                "the peer failed to process a message (a bug in m2mwire; the peer's log has the traceback)",
+            )
         self._finish(
             Closed(SessionCode.INTERNAL_ERROR, str(err), by_peer=False, error=err), CloseCode.INTERNAL_ERROR
         )
@@ -1158,6 +1159,7 @@ class SessionProtocol:
             return
         self._last_received = self._last_data = now
         self._missed_pongs = self._full_pongs = 0  # a new connection: the PONGs count afresh
+        self._ping_behind_data = False
         self._pong_deadline = self._ping_sent_at = None
         self._on_resume()
         # The retained messages go out again one at a time, as the shell takes outputs

@@ -661,8 +661,12 @@ class Session:
     def _start_reading(self, channel: Channel) -> None:
         """Feed what ``channel`` receives to the protocol; its loss counts only while it is ours."""
         channel.start_push(self._feed, functools.partial(self._channel_lost, channel))
+        # Explicitly, either way: a channel taken over from another session (a resume) may have
+        # been paused or resumed by it.
         if self._paused:
             channel.pause_reading()
+        else:
+            channel.resume_reading()
 
     def _channel_lost(self, channel: Channel, exc: TransportError) -> None:
         if channel is self._channel and not self._handed_over:
@@ -711,6 +715,13 @@ class Session:
         if self._timer_handle is not None:
             self._timer_handle.cancel()
             self._timer_handle = self._timer_at = None
+        if self._throttle is not None:
+            # Charged for the resuming HELLO, it would resume reading the channel it gave away
+            # when it fired, under the resumed session's pause: held messages without a bound
+            # (stop 33's review).
+            self._throttle.cancel()
+            self._throttle = None
+            self._stop_waiting()
         if not self._established.done():
             self._established.set_exception(HandedOver("moved to the resumed session"))
         return self._channel
@@ -1170,7 +1181,9 @@ class Session:
         allowance: charge the peer's bucket, and stop reading while it refills."""
         budget = self._budget
         owed = budget.charge(wire, spent, now)  # what the peer's address owes
-        if self._protocol.state is _CLOSED:  # the message ended it (a violation): charged all the same
+        if self._protocol.state is _CLOSED or self._closing:
+            # The message ended it (a violation), or it is closing (it reads on for the
+            # acknowledgement, and drops DATA): charged all the same, and nobody waits.
             return
         if owed > MAX_PAUSE:
             self._decode_overloaded()
@@ -1221,6 +1234,8 @@ class Session:
     def _end_throttle(self) -> None:
         self._throttle = None
         self._stop_waiting()
+        if self._handed_over:
+            return  # the channel is the resumed session's now
 
     def _stop_waiting(self) -> None:
         for bucket in self._waiting_on:

@@ -73,6 +73,7 @@ def test_a_debt_past_max_pause_is_reported_whole() -> None:
         ("[2001:db8:1:2:3:4:5:6]:443", ("2001:db8:1:2::/64", "2001:db8:1::/48")),
         ("[2001:db8:1:2:ffff::1]:9", ("2001:db8:1:2::/64", "2001:db8:1::/48")),  # the same /64: one peer
         ("[::1]:8765", ("::/64", "::/48")),
+        ("[::ffff:203.0.113.7]:50123", ("203.0.113.7", "203.0.113.0/24")),  # dual stack: IPv4
         ("nats-client:0", ("nats-client", None)),
         ("memory:127.0.0.1:8765/client", ("memory:127.0.0.1:8765/client", None)),
     ],

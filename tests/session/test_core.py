@@ -908,3 +908,14 @@ def test_internal_error_tells_the_peer_and_closes_the_transport_with_1011() -> N
     s.transport_closed()  # the 1011 that follows
     (peer,) = [e for e in drain(s) if isinstance(e, Closed)]
     assert peer.by_peer and peer.code == "INTERNAL_ERROR"
+
+
+def test_internal_error_while_closing_sends_no_second_close() -> None:
+    c, s = pair()
+    drain(c), drain(s)
+    c.close(1.0, "bye")
+    (close,) = texts(c)
+    assert close["type"] == "CLOSE"
+    c.internal_error(RuntimeError("late"))
+    out = c.data_to_send()
+    assert out == [CloseTransport(1011, "INTERNAL_ERROR")]  # the old code: a second CLOSE first
