@@ -646,7 +646,9 @@ async def test_one_socket_reads_messages_are_processed_a_few_ms_per_loop_turn(
 
     def slow(self: SessionProtocol, data: bytes, now: float) -> Any:
         if self.role is Role.SERVER:
-            time.sleep(0.001)  # 1 ms of work per message
+            until = time.thread_time() + 0.001
+            while time.thread_time() < until:  # 1 ms of work per message (bounded: 1 ms of CPU)
+                pass
             seen.append(turns[0])
         return original(self, data, now)
 
@@ -769,6 +771,40 @@ async def test_a_resuming_connection_charged_for_its_hello_does_not_resume_readi
         finally:
             await proxy.close()
     assert held < 1000, f"{held} messages held"  # one socket read's worth at most
+
+
+async def test_time_the_server_was_descheduled_is_charged_once_at_most(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The wall clock counts the time the process was not running: an honest 1 KB stream on a
+    machine short of CPU was charged 0.137 s/s for preemption, more than REFILL (stop 33's third
+    attack run). A session is timed with the wall clock until its first charge, then with the
+    thread's CPU clock. Here every wall-clock reading pair spans a 50 ms preemption."""
+    import m2mwire.shell.session as shell_session
+
+    readings = [0]
+
+    def preempted() -> float:
+        readings[0] += 1
+        return time.perf_counter() + 0.05 * (readings[0] // 2)  # +50 ms per timed interval
+
+    monkeypatch.setattr(shell_session, "perf_counter", preempted)
+    got: list[str] = []
+
+    async def sink(session: Session) -> None:
+        async for message in session:
+            got.append(message.text or "")
+
+    loop = asyncio.get_running_loop()
+    async with serve(sink, "ws://127.0.0.1:0") as server:
+        async with connect(server.url, algorithms=["none"]) as client:
+            for i in range(100):  # 5 s of "preemption" at the wall clock: past BURST and MAX_PAUSE
+                await client.send(f"message {i}")
+            async with asyncio.timeout(10):
+                while len(got) < 100:
+                    await asyncio.sleep(0.01)
+            owed = server._budgets.for_peer("127.0.0.1", loop.time()).owed(loop.time())
+    assert got == [f"message {i}" for i in range(100)] and owed == 0.0
 
 
 async def test_a_bomb_that_fails_its_checksum_is_charged_all_the_same() -> None:

@@ -9,11 +9,12 @@ either (stop 33's attack run): a zstd message's 16 MiB envelope, a Brotli bomb w
 fails after it was decompressed, a 65,000-dimension AVP shape, a tokenizer built on first use.
 
 So the measure is time: the shell times each received message's processing (decoding, checks,
-parsing: what the session core does with it, failures included) with the wall clock. Each message
-may take :data:`FREE_BASE` plus :data:`FREE_PER_BYTE` per wire byte at no charge, a few times what
-plain traffic costs (~5 us for a small message, ~1 ns per byte of a large one); what it takes
-beyond that is paid from a bucket of :data:`BURST` seconds refilled at :data:`REFILL` seconds per
-second.
+parsing: what the session core does with it, failures included): with the wall clock, and once
+the session has been charged, with the thread's CPU clock (the wall clock also counts the time
+the process was descheduled). Each message may take :data:`FREE_BASE` plus
+:data:`FREE_PER_BYTE` per wire byte at no charge, a few times what plain traffic costs (~5 us
+for a small message, ~1 ns per byte of a large one); what it takes beyond that is paid from a
+bucket of :data:`BURST` seconds refilled at :data:`REFILL` seconds per second.
 
 One bucket per peer: a server keeps one per client address (:class:`DecodeBudgets`; IPv6 by /64),
 shared by all sessions from there, so a peer opening many sessions gets no more than one, and a
@@ -28,11 +29,10 @@ server compute beyond the free allowance is then ``BURST`` + ``REFILL`` per seco
 NETWORK_SCALE times that, whatever they send and over however many sessions.
 
 What it does not do: addresses are the unit, so peers behind one address (a NAT, a gateway) share
-a bucket, and a peer with addresses in many networks gets a bucket in each. The wall clock counts
-the time the process was not running too, so on a machine short of CPU a peer is charged sooner:
-never more than what its message took. A paused session does not read, so a peer that sent such
-messages and left is noticed only once what it sent before leaving has been decoded at the
-bucket's pace, or its session is closed for owing more than MAX_PAUSE.
+a bucket, and a peer with addresses in many networks gets a bucket in each. A paused session
+does not read, so a peer that sent such messages and left is noticed only once what it sent
+before leaving has been decoded at the bucket's pace, or its session is closed for owing more
+than MAX_PAUSE.
 """
 
 from __future__ import annotations
